@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.notebook_dir).is_dir():
         print(f"lab: no folder {args.notebook_dir!r}; run this from the repository root", file=sys.stderr)
         return 2
-    cmd = lab_command(args.notebook_dir, port=args.port, open_browser=not args.no_browser)
-    print(f"Starting JupyterLab on http://{HOST}:{args.port}/ (the address with its token follows)...", flush=True)
+    token = secrets.token_hex(24)
+    cmd = lab_command(args.notebook_dir, port=args.port, token=token, open_browser=not args.no_browser)
+    # JupyterLab masks a token it did not generate ("?token=..."), so print the address here.
+    print(f"JupyterLab will be at: http://{HOST}:{args.port}/lab?token={token}", flush=True)
     os.execv(cmd[0], cmd)
     return 0  # not reached

@@ -1,0 +1,428 @@
+"""Live readings of memory and utilization, from four sources behind one small interface.
+
+Every source answers the same three questions:
+
+* ``available`` / ``reason``: can it read anything on this machine, and if not, why not
+  (one sentence: "no NVIDIA driver", "nvidia-smi not found", ...).
+* ``read()``: a list of :class:`Reading`, one per device (or per process / system row).
+  A failure while reading raises :class:`SourceError` with one sentence; the gauge shows it
+  in that row and keeps going.
+
+The sources, from exact to approximate:
+
+* :class:`TorchSource` -- the PyTorch caching allocator: allocated, reserved and peak bytes per
+  CUDA device. Its peak counter is updated at every allocation, so it never misses a spike.
+  On a CPU-only machine it reads the exact tensor accounting of :mod:`tutorial_utils.memory`.
+* :class:`NvmlSource` -- NVML through ``nvidia-ml-py`` (what ``nvidia-smi`` reads): memory used
+  on the whole device (every process plus the CUDA context) and utilization. NVML numbers
+  devices in PCI order and ignores ``CUDA_VISIBLE_DEVICES``; rows are labelled with torch's
+  CUDA index, matched by UUID.
+* :class:`GPUtilSource` -- what the source guide uses. Every call starts an ``nvidia-smi``
+  process, so it costs milliseconds per sample and sees no more than ``nvidia-smi``.
+  Kept so a learner can compare.
+* :class:`PsutilSource` -- the process's resident memory (RSS), system memory and CPU %:
+  what a CPU-only learner watches. RSS counts touched pages only.
+
+Example::
+
+    >>> from tutorial_utils import monitor
+    >>> src = monitor.PsutilSource()
+    >>> src.open()
+    >>> [r.label for r in src.read()]
+    ['process', 'system']
+    >>> src.close()
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from . import nvml
+from .units import format_bytes
+
+__all__ = [
+    "Reading",
+    "SourceError",
+    "Source",
+    "TorchSource",
+    "NvmlSource",
+    "GPUtilSource",
+    "PsutilSource",
+    "SOURCE_NAMES",
+    "make_source",
+]
+
+
+class SourceError(RuntimeError):
+    """A source failed to read; the message is one sentence a learner can act on."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One row at one instant. ``None`` means "this source does not know"."""
+
+    label: str  # row name, e.g. "cuda:0", "NVML cuda:0 (NVIDIA H100)", "process"
+    used_bytes: int | None = None  # allocated (torch), used on the device (NVML), RSS (psutil)
+    reserved_bytes: int | None = None  # torch's cached pool: allocated + free blocks it keeps
+    total_bytes: int | None = None  # device or system memory, when known
+    peak_bytes: int | None = None  # the allocator's exact peak (torch / memory.Tracker only)
+    utilization_pct: float | None = None  # GPU busy %, or CPU % for psutil rows
+    note: str = ""  # a short remark shown after the numbers
+
+    def summary(self) -> str:
+        """The numbers as one line in binary units, e.g. ``'1.00 GiB used of 16.00 GiB'``."""
+        parts = []
+        if self.used_bytes is not None:
+            parts.append(f"{format_bytes(self.used_bytes)} used")
+        if self.reserved_bytes is not None:
+            parts.append(f"{format_bytes(self.reserved_bytes)} reserved")
+        if self.total_bytes is not None:
+            parts.append(f"of {format_bytes(self.total_bytes)}")
+        if self.peak_bytes is not None:
+            parts.append(f"peak {format_bytes(self.peak_bytes)}")
+        if self.utilization_pct is not None:
+            parts.append(f"{self.utilization_pct:.0f}% busy")
+        if self.note:
+            parts.append(self.note)
+        return ", ".join(parts) if parts else "no data"
+
+
+class Source:
+    """The interface every source implements.
+
+    Lifecycle: ``open()`` once (may set ``available = False`` with a ``reason``), then
+    ``read()`` as often as needed, then ``close()``. ``open`` and ``close`` never raise;
+    ``read`` raises only :class:`SourceError`.
+    """
+
+    name: str = "source"
+
+    def __init__(self) -> None:
+        self.available: bool = False
+        self.reason: str = "not opened yet: call open()"
+
+    def open(self) -> None:
+        self.available, self.reason = True, ""
+
+    def read(self) -> list[Reading]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        state = "available" if self.available else f"unavailable: {self.reason}"
+        return f"{type(self).__name__}({state})"
+
+
+# --------------------------------------------------------------------------- torch allocator
+
+
+def _cuda_count() -> int:
+    from .devices import gpu_count
+
+    return gpu_count()
+
+
+class TorchSource(Source):
+    """The PyTorch allocator: exact bytes held by tensors.
+
+    On CUDA, one row per device: ``memory_allocated`` (used), ``memory_reserved`` and the peak
+    of ``memory_allocated``. ``reset_peak=True`` resets the allocator's peak counters when the
+    source opens, so the peak is "since the gauge started".
+
+    Without CUDA, one row ``cpu (exact)`` from a :class:`tutorial_utils.memory.Tracker` started
+    in ``open()`` and stopped in ``close()``: bytes of tensor storage allocated since then and
+    still alive, and their exact peak. Allocations made before ``open()`` are not counted.
+    """
+
+    name = "torch"
+
+    def __init__(self, reset_peak: bool = True) -> None:
+        super().__init__()
+        self.reset_peak = reset_peak
+        self._devices: list[int] = []
+        self._totals: dict[int, int | None] = {}
+        self._tracker: Any = None
+
+    def open(self) -> None:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - torch is a dependency
+            self.available, self.reason = False, "torch is not installed"
+            return
+        self._devices = list(range(_cuda_count()))
+        if self._devices:
+            for i in self._devices:
+                try:
+                    self._totals[i] = int(torch.cuda.get_device_properties(i).total_memory)
+                except Exception:
+                    self._totals[i] = None
+                if self.reset_peak:
+                    try:
+                        torch.cuda.reset_peak_memory_stats(i)
+                    except Exception:
+                        pass
+            self.available, self.reason = True, ""
+            return
+        try:
+            from . import memory
+        except ImportError as exc:
+            self.available, self.reason = False, f"tutorial_utils.memory could not be imported ({exc})"
+            return
+        tracker_cls = getattr(memory, "Tracker", None)
+        if tracker_cls is None:
+            self.available, self.reason = False, "tutorial_utils.memory has no Tracker yet"
+            return
+        try:
+            self._tracker = tracker_cls()
+            self._tracker.start()
+        except Exception as exc:
+            self._tracker = None
+            self.available, self.reason = False, f"the CPU memory tracker failed to start ({exc})"
+            return
+        self.available, self.reason = True, ""
+
+    def read(self) -> list[Reading]:
+        if not self.available:
+            raise SourceError(self.reason)
+        if self._tracker is not None:
+            try:
+                current = int(self._tracker.current_bytes)
+                peak = int(self._tracker.peak_bytes)
+            except Exception as exc:
+                raise SourceError(f"the CPU memory tracker failed: {exc}") from exc
+            return [Reading("cpu (exact)", used_bytes=current, peak_bytes=peak, note="tensors since start")]
+        import torch
+
+        out = []
+        for i in self._devices:
+            try:
+                out.append(
+                    Reading(
+                        f"cuda:{i}",
+                        used_bytes=int(torch.cuda.memory_allocated(i)),
+                        reserved_bytes=int(torch.cuda.memory_reserved(i)),
+                        total_bytes=self._totals.get(i),
+                        peak_bytes=int(torch.cuda.max_memory_allocated(i)),
+                    )
+                )
+            except Exception as exc:  # a CUDA error (device lost, driver reset)
+                raise SourceError(f"torch.cuda could not read cuda:{i}: {exc}") from exc
+        return out
+
+    def close(self) -> None:
+        if self._tracker is not None:
+            try:
+                self._tracker.stop()
+            except Exception:
+                pass
+            self._tracker = None
+
+
+# --------------------------------------------------------------------------- NVML
+
+
+class NvmlSource(Source):
+    """NVML via ``nvidia-ml-py``: memory used / total and utilization per physical GPU.
+
+    Rows are labelled ``NVML cuda:N`` with torch's index (matched by UUID), or
+    ``NVML #k (hidden)`` for a GPU that ``CUDA_VISIBLE_DEVICES`` hides from torch.
+    Used memory includes every process and the CUDA context, so it is larger than what torch
+    reports as allocated or reserved.
+    """
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handles: list[tuple[str, Any]] = []
+        self._opened = False
+
+    def open(self) -> None:
+        try:
+            nvml.init()
+        except RuntimeError as exc:
+            self.available, self.reason = False, str(exc)
+            return
+        self._opened = True
+        pynvml = nvml._pynvml()
+        try:
+            uuids = nvml.cuda_uuids()
+            handles = []
+            for k in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(k)
+                uuid = nvml._decode(pynvml.nvmlDeviceGetUUID(handle))
+                name = nvml._decode(pynvml.nvmlDeviceGetName(handle))
+                cuda = uuids.get(uuid)
+                label = f"NVML cuda:{cuda} ({name})" if cuda is not None else f"NVML #{k} (hidden, {name})"
+                handles.append((cuda if cuda is not None else 1000 + k, label, handle))
+        except pynvml.NVMLError as exc:
+            self.close()
+            self.available, self.reason = False, f"NVML could not list the GPUs: {exc}"
+            return
+        if not handles:
+            self.close()
+            self.available, self.reason = False, "NVML found no GPU"
+            return
+        self._handles = [(label, handle) for _, label, handle in sorted(handles, key=lambda t: t[0])]
+        self.available, self.reason = True, ""
+
+    def read(self) -> list[Reading]:
+        if not self.available:
+            raise SourceError(self.reason)
+        pynvml = nvml._pynvml()
+        out = []
+        for label, handle in self._handles:
+            try:
+                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            except pynvml.NVMLError as exc:
+                raise SourceError(f"NVML query failed: {exc}") from exc
+            try:
+                util: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                util = None  # not supported on some devices (MIG slices, vGPU)
+            out.append(Reading(label, used_bytes=int(mem.used), total_bytes=int(mem.total), utilization_pct=util))
+        return out
+
+    def close(self) -> None:
+        if self._opened:
+            self._opened = False
+            self._handles = []
+            nvml.shutdown()
+
+
+# --------------------------------------------------------------------------- GPUtil
+
+
+class GPUtilSource(Source):
+    """GPUtil, as the source guide uses it: ``GPUtil.getGPUs()`` parses ``nvidia-smi`` output.
+
+    Each read starts one ``nvidia-smi`` process (milliseconds), so sample it slowly.
+    GPUtil reports memory in MiB; rows are labelled ``GPUtil cuda:N`` (matched by UUID).
+    A broken ``nvidia-smi`` makes GPUtil raise ``ValueError``; this source turns that into a
+    :class:`SourceError`.
+    """
+
+    name = "gputil"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gputil: Any = None
+        self._uuids: dict[str, int] = {}
+
+    def open(self) -> None:
+        try:
+            import GPUtil
+        except ImportError as exc:  # Python 3.12 without setuptools: GPUtil imports distutils
+            self.available, self.reason = False, f"GPUtil cannot be imported ({exc}); pip install GPUtil setuptools"
+            return
+        if shutil.which("nvidia-smi") is None:
+            self.available, self.reason = False, "nvidia-smi is not on PATH (no NVIDIA driver), so GPUtil sees no GPU"
+            return
+        self._gputil = GPUtil
+        try:
+            self._uuids = nvml.cuda_uuids()
+        except Exception:
+            self._uuids = {}
+        self.available, self.reason = True, ""
+
+    def read(self) -> list[Reading]:
+        if not self.available:
+            raise SourceError(self.reason)
+        try:
+            gpus = self._gputil.getGPUs()
+        except (ValueError, IndexError) as exc:
+            raise SourceError(f"nvidia-smi gave output GPUtil cannot parse (GPUtil raised {type(exc).__name__}: {exc})") from exc
+        except OSError as exc:
+            raise SourceError(f"nvidia-smi could not be run: {exc}") from exc
+        if not gpus:
+            raise SourceError("GPUtil found no GPU (nvidia-smi did not answer)")
+        out = []
+        for gpu in gpus:
+            cuda = self._uuids.get(str(gpu.uuid))
+            label = f"GPUtil cuda:{cuda}" if cuda is not None else f"GPUtil #{gpu.id}"
+            out.append(
+                Reading(
+                    label,
+                    used_bytes=int(float(gpu.memoryUsed) * 2**20),
+                    total_bytes=int(float(gpu.memoryTotal) * 2**20),
+                    utilization_pct=float(gpu.load) * 100.0,
+                )
+            )
+        return out
+
+
+# --------------------------------------------------------------------------- psutil
+
+
+class PsutilSource(Source):
+    """psutil: this process's RSS and CPU %, and system memory used / total and CPU %.
+
+    CPU % is measured between two reads (the first read after ``open()`` covers the time since
+    ``open()``); 100% is one full core for the process row, all cores for the system row.
+    """
+
+    name = "psutil"
+
+    def __init__(self, pid: int | None = None) -> None:
+        super().__init__()
+        self.pid = pid
+        self._proc: Any = None
+        self._psutil: Any = None
+
+    def open(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self.available, self.reason = False, "psutil is not installed (pip install psutil)"
+            return
+        try:
+            self._proc = psutil.Process(self.pid if self.pid is not None else os.getpid())
+            self._proc.cpu_percent(None)  # prime the CPU counters
+            psutil.cpu_percent(None)
+        except psutil.Error as exc:
+            self.available, self.reason = False, f"psutil cannot see the process: {exc}"
+            return
+        self._psutil = psutil
+        self.available, self.reason = True, ""
+
+    def read(self) -> list[Reading]:
+        if not self.available:
+            raise SourceError(self.reason)
+        psutil = self._psutil
+        try:
+            rss = int(self._proc.memory_info().rss)
+            proc_cpu = float(self._proc.cpu_percent(None))
+            vm = psutil.virtual_memory()
+            sys_cpu = float(psutil.cpu_percent(None))
+        except psutil.Error as exc:
+            raise SourceError(f"psutil failed: {exc}") from exc
+        return [
+            Reading("process", used_bytes=rss, total_bytes=int(vm.total), utilization_pct=proc_cpu, note="RSS"),
+            Reading("system", used_bytes=int(vm.total - vm.available), total_bytes=int(vm.total), utilization_pct=sys_cpu),
+        ]
+
+
+# --------------------------------------------------------------------------- factory
+
+SOURCE_NAMES = ("torch", "nvml", "gputil", "psutil")
+_CLASSES: dict[str, type[Source]] = {
+    "torch": TorchSource,
+    "nvml": NvmlSource,
+    "gputil": GPUtilSource,
+    "psutil": PsutilSource,
+}
+
+
+def make_source(spec: str | Source) -> Source:
+    """A source from its name (``'torch'``, ``'nvml'``, ``'gputil'``, ``'psutil'``) or as given."""
+    if isinstance(spec, Source):
+        return spec
+    key = str(spec).lower()
+    if key not in _CLASSES:
+        raise ValueError(f"unknown source {spec!r}: choose from {', '.join(SOURCE_NAMES)} or pass a Source")
+    return _CLASSES[key]()

@@ -1,0 +1,157 @@
+"""tutorial_utils.distributed: real torchrun jobs on CPU (gloo), including the ways they fail."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tutorial_utils import distributed
+from tutorial_utils.distributed import LaunchError, LaunchResult, PortInUseError, launch
+
+pytestmark = pytest.mark.slow
+
+# Each rank appends its pid to pids.txt (argv[1]) so a test can check afterwards that none is left.
+PREAMBLE = """
+import json, os, sys, time
+import torch.distributed as dist
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.getpid()}\\n")
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+"""
+
+OK = PREAMBLE + """
+if rank == 0:
+    print("hello from rank 0")
+report = os.path.join(os.environ["TUTORIAL_REPORT_DIR"], f"rank{rank}.json")
+with open(report, "w") as f:
+    json.dump({"rank": rank, "world": dist.get_world_size()}, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+CRASH = PREAMBLE + """
+if rank == 1:
+    print("rank 1 is about to fail")
+    raise ValueError("deliberate failure in rank 1")
+dist.barrier()  # rank 0 waits here for a peer that never comes
+dist.destroy_process_group()
+"""
+
+HANG = PREAMBLE + """
+dist.barrier()
+if rank == 1:
+    print("rank 1 is going to sleep")
+    time.sleep(600)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _assert_no_survivors(pid_file: Path, launcher_pid: int | None) -> None:
+    pids = [int(x) for x in pid_file.read_text().split()] if pid_file.exists() else []
+    assert pids, "the job's ranks never started"
+    if launcher_pid is not None:
+        pids.append(launcher_pid)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.2)
+    assert not alive, f"processes left running after launch returned: {alive}"
+    me = psutil.Process()
+    assert not me.children(recursive=True), "launch left a child process of the test behind"
+
+
+def test_success_streams_output_and_collects_reports(tmp_path, monkeypatch):
+    # The first port offered is busy (something listens there): launch must notice and move on.
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        busy_port = busy.getsockname()[1]
+        offered = [busy_port]
+        real_free_port = distributed.free_port
+        monkeypatch.setattr(distributed, "free_port",
+                            lambda host="127.0.0.1": offered.pop() if offered else real_free_port(host))
+        lines: list[str] = []
+        result = launch(_script(tmp_path, OK), nproc=2, args=[tmp_path / "pids.txt"],
+                        timeout=120, echo=lines.append)
+    assert result.ok and result.returncode == 0
+    assert result.port != busy_port
+    assert result.reports == {0: {"rank": 0, "world": 2}, 1: {"rank": 1, "world": 2}}
+    assert "[rank0] hello from rank 0" in lines
+    assert lines[0] == f"port {busy_port} is busy; using another one"
+    assert lines[-1].startswith("launched 2 ranks: exit status 0")
+    assert repr(result) == "LaunchResult(nproc=2, returncode=0, reports from ranks [0, 1])"
+    assert result.wall_seconds > 0
+    _assert_no_survivors(tmp_path / "pids.txt", result.launcher_pid)
+
+
+def test_crashing_rank_is_named_with_its_last_lines(tmp_path):
+    with pytest.raises(LaunchError) as info:
+        launch(_script(tmp_path, CRASH), nproc=2, args=[tmp_path / "pids.txt"], timeout=120,
+               echo=None)
+    err = info.value
+    assert err.rank == 1
+    assert err.returncode == 1
+    assert "rank 1 exited with status 1" in str(err)
+    assert any("deliberate failure in rank 1" in line for line in err.last_lines)
+    assert "rank 1 is about to fail" in err.result.rank_output[1]
+    _assert_no_survivors(tmp_path / "pids.txt", err.result.launcher_pid)
+
+
+def test_hanging_rank_times_out_and_everything_is_reaped(tmp_path):
+    timeout = 25.0
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(_script(tmp_path, HANG), nproc=2, args=[tmp_path / "pids.txt"], timeout=timeout,
+               echo=None)
+    elapsed = time.monotonic() - start
+    err = info.value
+    assert "timed out after 25 s" in str(err)
+    assert err.rank == 1, str(err)
+    assert "rank 1 is going to sleep" in err.last_lines
+    assert elapsed < timeout + 15, f"stopping the job took {elapsed - timeout:.1f} s"
+    _assert_no_survivors(tmp_path / "pids.txt", err.result.launcher_pid)
+
+
+def test_busy_explicit_port_fails_at_once(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        assert not distributed.port_is_free(port)
+        start = time.monotonic()
+        with pytest.raises(PortInUseError, match=f"port {port} is already in use"):
+            launch(_script(tmp_path, OK), nproc=2, args=[tmp_path / "pids.txt"], port=port)
+        assert time.monotonic() - start < 1.0
+    assert not (tmp_path / "pids.txt").exists(), "no rank may start on a busy port"
+
+
+def test_missing_script_and_bad_nproc(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no script at"):
+        launch(tmp_path / "nope.py")
+    with pytest.raises(ValueError, match="nproc must be at least 1"):
+        launch(_script(tmp_path, OK), nproc=0)
+
+
+def test_command_is_standalone_with_an_explicit_port():
+    cmd = distributed.torchrun_command("train.py", nproc=4, args=["--epochs", "2"], port=12345)
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--nproc-per-node=4" in cmd and "--nnodes=1" in cmd
+    assert "--rdzv-endpoint=127.0.0.1:12345" in cmd
+    assert cmd[-3:] == ["train.py", "--epochs", "2"]
+
+
+def test_result_repr_has_no_timing():
+    result = LaunchResult(nproc=2, returncode=0, wall_seconds=1.234, reports={1: {}, 0: {}})
+    assert "1.234" not in repr(result) and "[0, 1]" in repr(result)

@@ -1,0 +1,127 @@
+import subprocess
+import sys
+
+import pytest
+
+from tutorial_utils import doctor as doctor_mod
+from tutorial_utils.doctor import doctor, main, parse_requirement
+
+
+def rows(report):
+    return {c.name: c for c in report.checks}
+
+
+def test_doctor_on_this_machine_never_raises():
+    report = doctor()
+    r = rows(report)
+    for name in ("Python", "torch", "NVML", "nvidia-smi", "GPUtil", "ipywidgets", "widget extension"):
+        assert name in r, name
+    text = str(report)
+    assert "status" in text and "torch" in text
+    html = report._repr_html_()
+    assert html.startswith("<table>") and "NVML" in html
+
+
+def test_no_nvml_library_is_a_row(monkeypatch):
+    import pynvml
+
+    def missing():
+        raise pynvml.NVMLError_LibraryNotFound()
+
+    monkeypatch.setattr(pynvml, "nvmlInit", missing)
+    r = rows(doctor())
+    assert r["NVML"].status == "missing"
+    assert "NVML library was not found" in r["NVML"].detail
+
+
+def test_nvml_failing_after_init_is_a_row(monkeypatch):
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+
+    def broken():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(pynvml, "nvmlSystemGetDriverVersion", broken)
+    r = rows(doctor())
+    assert r["NVML"].status == "missing" and "NVML query failed" in r["NVML"].detail
+
+
+def test_broken_nvidia_smi_is_a_row(broken_nvidia_smi):
+    r = rows(doctor())
+    assert r["nvidia-smi"].status == "missing"
+    assert "exit code 9" in r["nvidia-smi"].detail
+    # GPUtil parses nvidia-smi's output and raises ValueError on this one.
+    assert r["GPUtil"].status == "missing"
+    assert "cannot parse" in r["GPUtil"].detail
+
+
+def test_cuda_visible_devices_empty_is_a_row(fake_cuda, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    report = doctor()
+    assert report.gpu_count == 0
+    assert "empty string" in rows(report)["GPUs"].detail
+    assert report.missing(["gpu"]) and "empty string" in report.missing(["gpu"])[0]
+
+
+def test_no_driver_is_a_row(cuda_build_without_driver):
+    r = rows(doctor())
+    assert r["GPUs"].status == "missing" and "no usable GPU" in r["GPUs"].detail
+
+
+def test_mocked_gpus_listed(fake_cuda):
+    report = doctor()
+    assert report.gpu_count == 2
+    r = rows(report)
+    assert "NVIDIA Fake 1" in r["GPU 1"].detail
+    assert report.missing(["gpus=2"]) == []
+    assert "Needs 3 GPU(s) but found 2" in report.missing(["gpus=3"])[0]
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("gpu", ("gpus", 1)), ("GPUS=2", ("gpus", 2)), ("widgets", ("widgets", 0))])
+def test_parse_requirement(text, parsed):
+    assert parse_requirement(text) == parsed
+
+
+@pytest.mark.parametrize("bad", ["gpus=0", "gpus=two", "tpu", "gpus="])
+def test_parse_requirement_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_requirement(bad)
+
+
+def test_require_exit_codes(capsys, fake_cuda):
+    assert main(["--require", "gpus=2,widgets"]) == 0
+    assert main(["--require", "gpus=3"]) == 1
+    err = capsys.readouterr().err
+    assert "not ready" in err and "Needs 3 GPU(s)" in err
+    assert main(["--require", "gpus=two"]) == 2
+    assert "whole number" in capsys.readouterr().err
+
+
+def test_require_widgets_missing(monkeypatch, capsys):
+    monkeypatch.setattr(doctor_mod, "_version", lambda dist: None)
+    assert main(["--require", "widgets"]) == 1
+    assert "ipywidgets" in capsys.readouterr().err
+
+
+def test_cli_end_to_end():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "doctor", "--require", "widgets"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Ready: widgets." in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "tutorial_utils", "nonsense"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def test_where_running(monkeypatch):
+    for k in list(__import__("os").environ):
+        if k.startswith("BINDER_") or k == "COLAB_RELEASE_TAG":
+            monkeypatch.delenv(k)
+    assert doctor_mod.where_running() == "local"
+    monkeypatch.setenv("BINDER_LAUNCH_HOST", "https://mybinder.org/")
+    assert doctor_mod.where_running() == "Binder"
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261101")
+    assert doctor_mod.where_running().startswith("Colab")

@@ -1,0 +1,213 @@
+"""tutorial_utils.monitor: each source says whether it can read, reads in bytes, fails in one sentence."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+import torch
+from test_nvml import GiB, fake_nvml  # noqa: F401  (fixture)
+
+from tutorial_utils import monitor
+from tutorial_utils.monitor import (
+    GPUtilSource,
+    NvmlSource,
+    PsutilSource,
+    Reading,
+    SourceError,
+    TorchSource,
+    make_source,
+)
+
+MiB = 2**20
+
+
+def _write_exe(path, body: str):
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def fake_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi that answers GPUtil's query for two GPUs (memory in MiB, load in %)."""
+    _write_exe(
+        tmp_path / "nvidia-smi",
+        "echo '0, GPU-bbbb, 55, 81920, 3072, 78848, 570.1, NVIDIA B, 123, Disabled, Disabled, 40'\n"
+        "echo '1, GPU-aaaa, 0, 40960, 1024, 39936, 570.1, NVIDIA A, 124, Disabled, Disabled, 35'\n",
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+# ------------------------------------------------------------------ interface
+
+
+def test_every_named_source_has_the_interface():
+    for name in monitor.SOURCE_NAMES:
+        src = make_source(name)
+        assert src.name == name
+        assert not src.available and "open()" in src.reason  # nothing read before open()
+        src.open()
+        assert src.available or src.reason  # unavailable always says why
+        try:
+            if src.available:
+                assert all(isinstance(r, Reading) for r in src.read())
+            else:
+                with pytest.raises(SourceError):
+                    src.read()
+        finally:
+            src.close()
+
+
+def test_make_source_rejects_unknown_name():
+    with pytest.raises(ValueError, match="choose from torch, nvml, gputil, psutil"):
+        make_source("nvidia-smi")
+
+
+def test_reading_summary_in_binary_units():
+    r = Reading("cuda:0", used_bytes=GiB, reserved_bytes=2 * GiB, total_bytes=16 * GiB, peak_bytes=3 * GiB, utilization_pct=42)
+    assert r.summary() == "1.00 GiB used, 2.00 GiB reserved, of 16.00 GiB, peak 3.00 GiB, 42% busy"
+    assert Reading("x").summary() == "no data"
+
+
+# ------------------------------------------------------------------ psutil
+
+
+def test_psutil_reads_process_and_system():
+    src = PsutilSource()
+    src.open()
+    assert src.available
+    process, system = src.read()
+    assert process.label == "process" and system.label == "system"
+    assert process.used_bytes == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
+    assert 0 < system.used_bytes <= system.total_bytes == psutil.virtual_memory().total
+    assert process.utilization_pct >= 0
+
+
+def test_psutil_error_becomes_source_error(monkeypatch):
+    src = PsutilSource()
+    src.open()
+
+    def denied():
+        raise psutil.AccessDenied(os.getpid())
+
+    monkeypatch.setattr(src._proc, "memory_info", denied)
+    with pytest.raises(SourceError, match="psutil failed"):
+        src.read()
+
+
+def test_psutil_missing_process_is_unavailable():
+    src = PsutilSource(pid=2**22 + 12345)  # above Linux's pid_max
+    src.open()
+    assert not src.available and "psutil cannot see the process" in src.reason
+
+
+# ------------------------------------------------------------------ NVML
+
+
+def test_nvml_without_driver_is_unavailable_with_reason():
+    src = NvmlSource()
+    src.open()
+    if src.available:  # a machine with an NVIDIA driver
+        src.close()
+        pytest.skip("NVML works on this machine")
+    assert "NVIDIA driver" in src.reason
+    with pytest.raises(SourceError):
+        src.read()
+    src.close()
+
+
+def test_nvml_rows_in_cuda_order_with_utilization(fake_nvml):  # noqa: F811
+    src = NvmlSource()
+    src.open()
+    assert src.available
+    a, b = src.read()
+    assert a.label == "NVML cuda:0 (NVIDIA A)" and a.used_bytes == GiB and a.total_bytes == 40 * GiB
+    assert a.utilization_pct is None  # NotSupported is not an error
+    assert b.label == "NVML cuda:1 (NVIDIA B)" and b.utilization_pct == 55
+    src.close()
+    assert fake_nvml.shutdown_calls == 1
+
+
+def test_nvml_failing_mid_run_raises_source_error(fake_nvml):  # noqa: F811
+    fake_nvml.fail_after = 2  # one full read of two GPUs, then the driver goes away
+    src = NvmlSource()
+    src.open()
+    assert len(src.read()) == 2
+    with pytest.raises(SourceError, match="NVML query failed: GPU is lost"):
+        src.read()
+    src.close()
+
+
+# ------------------------------------------------------------------ GPUtil
+
+
+def test_gputil_without_nvidia_smi_is_unavailable(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no nvidia-smi
+    src = GPUtilSource()
+    src.open()
+    assert not src.available and "nvidia-smi is not on PATH" in src.reason
+
+
+def test_gputil_broken_nvidia_smi_becomes_source_error(broken_nvidia_smi):
+    import GPUtil
+
+    with pytest.raises(ValueError):  # what the guide's code meets on a broken driver
+        GPUtil.getGPUs()
+    src = GPUtilSource()
+    src.open()
+    assert src.available
+    with pytest.raises(SourceError, match="GPUtil raised ValueError"):
+        src.read()
+
+
+def test_gputil_reads_mib_as_bytes_and_maps_uuid(fake_nvidia_smi, monkeypatch):
+    monkeypatch.setattr(monitor.nvml, "cuda_uuids", lambda: {"GPU-aaaa": 0, "GPU-bbbb": 1})
+    src = GPUtilSource()
+    src.open()
+    b, a = src.read()  # nvidia-smi (PCI) order
+    assert (b.label, b.used_bytes, b.total_bytes, b.utilization_pct) == ("GPUtil cuda:1", 3072 * MiB, 80 * GiB, 55)
+    assert (a.label, a.used_bytes) == ("GPUtil cuda:0", 1024 * MiB)
+
+
+# ------------------------------------------------------------------ torch
+
+
+def test_torch_source_on_cpu_counts_new_tensors_exactly():
+    src = TorchSource()
+    src.open()
+    if not src.available:
+        pytest.fail(f"the CPU torch source should work: {src.reason}")
+    try:
+        (before,) = src.read()
+        x = torch.empty(4 * MiB, dtype=torch.uint8)
+        (during,) = src.read()
+        del x
+        (after,) = src.read()
+    finally:
+        src.close()
+    assert before.label == "cpu (exact)"
+    assert during.used_bytes - before.used_bytes == 4 * MiB
+    assert after.used_bytes == before.used_bytes
+    assert after.peak_bytes >= before.used_bytes + 4 * MiB
+
+
+def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda i=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i=None: (i + 1) * MiB)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i=None: (i + 1) * 2 * MiB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i=None: (i + 1) * 3 * MiB)
+    src = TorchSource()
+    src.open()
+    rows = src.read()
+    assert [r.label for r in rows] == ["cuda:0", "cuda:1"]
+    assert (rows[1].used_bytes, rows[1].reserved_bytes, rows[1].peak_bytes) == (2 * MiB, 4 * MiB, 6 * MiB)
+    assert rows[0].total_bytes == 16 * GiB
+
+    def lost(i=None):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lost)
+    with pytest.raises(SourceError, match="torch.cuda could not read cuda:0"):
+        src.read()

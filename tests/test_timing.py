@@ -1,0 +1,242 @@
+"""Tests for tutorial_utils.timing: statistics, calibration, errors, and GPU synchronization (mocked)."""
+
+from __future__ import annotations
+
+import time
+from unittest import mock
+
+import pytest
+import torch
+
+from tutorial_utils import timing
+from tutorial_utils.devices import DeviceUnavailableError
+from tutorial_utils.timing import (
+    Comparison,
+    Timing,
+    compare,
+    format_seconds,
+    time_it,
+    time_with_benchmark,
+)
+
+
+def _cpu_timing(name: str, samples: tuple[float, ...]) -> Timing:
+    return Timing(name=name, samples=samples, device=torch.device("cpu"), method="perf_counter")
+
+
+def test_statistics_follow_samples():
+    t = _cpu_timing("t", (0.003, 0.001, 0.002, 0.010))
+    assert t.median == pytest.approx(0.0025)
+    assert t.mean == pytest.approx(0.004)
+    assert (t.min, t.max) == (0.001, 0.010)
+    assert t.stdev == pytest.approx(0.004082, rel=1e-3)
+    assert t.repeat == 4
+    assert _cpu_timing("one", (0.5,)).stdev == 0.0
+
+
+def test_repr_is_readable():
+    t = _cpu_timing("copy", (0.00123, 0.00125, 0.0013))
+    text = repr(t)
+    assert "copy" in text and "median 1.25 ms" in text and "min 1.23 ms" in text
+    assert "3 samples x 1 calls on cpu" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(2.5, "2.5 s"), (0.00123, "1.23 ms"), (4.56e-5, "45.6 us"), (7e-9, "7 ns"), (float("nan"), "n/a")],
+)
+def test_format_seconds(seconds, text):
+    assert format_seconds(seconds) == text
+
+
+def test_bandwidth_uses_median():
+    t = _cpu_timing("t", (1.0, 2.0, 4.0))
+    assert t.bandwidth(2**30) == 2**29
+    assert t.bandwidth_str(2**30) == "512.00 MiB/s"
+    with pytest.raises(ValueError, match="nbytes"):
+        t.bandwidth(-1)
+
+
+def test_time_it_measures_a_sleep_on_cpu():
+    t = time_it(lambda: time.sleep(0.002), warmup=1, repeat=3, number=1)
+    assert t.device == torch.device("cpu") and t.method == "perf_counter"
+    assert len(t.samples) == 3 and t.number == 1 and t.warmup == 1
+    assert t.min >= 0.002  # sleep never returns early
+    assert t.median < 0.5
+
+
+def test_warmup_calls_are_not_measured():
+    calls = []
+    time_it(lambda: calls.append(1), warmup=4, repeat=2, number=3)
+    assert len(calls) == 4 + 2 * 3
+
+
+def test_calibration_reaches_min_time():
+    t = time_it(lambda: None, warmup=0, repeat=2, min_time=1e-4)
+    assert t.number > 1
+    assert t.number <= timing._MAX_NUMBER
+
+
+def test_name_defaults_to_function_name():
+    def add_one():
+        return 1 + 1
+
+    assert time_it(add_one, repeat=1, number=1).name == "add_one"
+    assert time_it(lambda: None, repeat=1, number=1).name == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"repeat": 0}, ValueError, "repeat must be"),
+        ({"repeat": 2.5}, ValueError, "repeat must be"),
+        ({"warmup": -1}, ValueError, "warmup must be"),
+        ({"number": 0}, ValueError, "number must be"),
+        ({"min_time": -1}, ValueError, "min_time must be"),
+        ({"method": "stopwatch"}, ValueError, "method must be one of"),
+        ({"method": "events", "device": "cpu"}, ValueError, "needs a CUDA device"),
+        ({"device": "tpu"}, ValueError, "not a device this course uses"),
+        ({"device": "meta"}, ValueError, "nothing to time"),
+    ],
+)
+def test_bad_input_gives_one_sentence(kwargs, error, match):
+    with pytest.raises(error, match=match) as info:
+        time_it(lambda: None, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_non_callable_is_rejected():
+    with pytest.raises(TypeError, match="needs a function to call"):
+        time_it(torch.ones(3))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_missing_gpu_says_so():
+    with pytest.raises(DeviceUnavailableError, match="CUDA is not available"):
+        time_it(lambda: None, device="cuda")
+
+
+@pytest.fixture
+def cuda_clock(monkeypatch):
+    """Pretend cuda:0 exists; record every synchronize and event call in order."""
+    log: list[str] = []
+    monkeypatch.setattr(timing, "_resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False):
+            assert enable_timing, "timing events need enable_timing=True"
+            self.t = None
+
+        def record(self, stream=None):
+            log.append("record")
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append("event-sync")
+
+        def elapsed_time(self, other):
+            return 4.0  # milliseconds, like CUDA events
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "device", mock.MagicMock())
+    return log
+
+
+def test_sync_method_synchronizes_around_every_sample(cuda_clock):
+    log = cuda_clock
+
+    def work():
+        log.append("call")
+
+    t = time_it(work, device="cuda", warmup=1, repeat=2, number=2, method="sync")
+    assert t.method == "sync" and t.device == torch.device("cuda", 0)
+    # warm-up, sync, then each sample is wrapped: sync, call, call, sync
+    assert log == ["call", "sync"] + ["sync", "call", "call", "sync"] * 2
+
+
+def test_events_method_records_and_waits(cuda_clock):
+    log = cuda_clock
+    t = time_it(lambda: log.append("call"), device="cuda", warmup=0, repeat=1, number=2)
+    assert t.method == "events"  # the default on CUDA
+    assert log == ["sync", "sync", "record", "call", "call", "record", "event-sync"]
+    assert t.samples == (pytest.approx(4.0 / 1e3 / 2),)  # ms -> s, per call
+
+
+def test_compare_ratios_and_table():
+    c = Comparison(
+        timings=(_cpu_timing("slow", (0.004, 0.004)), _cpu_timing("fast", (0.001, 0.001))),
+        baseline="slow",
+        nbytes=2**20,
+    )
+    assert c.ratio("fast") == pytest.approx(0.25)
+    assert c.speedup("fast") == pytest.approx(4.0)
+    text = repr(c)
+    assert "baseline" in text and "0.25x" in text and "vs slow" in text and "MiB/s" in text
+    html = c._repr_html_()
+    assert html.startswith("<table>") and html.count("<tr>") == 3
+    with pytest.raises(KeyError, match="no timing named"):
+        c["medium"]
+
+
+def test_compare_runs_each_function():
+    counts = {"a": 0, "b": 0}
+
+    def make(key):
+        def fn():
+            counts[key] += 1
+
+        return fn
+
+    c = compare({"a": make("a"), "b": make("b")}, warmup=0, repeat=3, number=2)
+    assert c.names == ("a", "b") and c.baseline == "a"
+    assert counts == {"a": 6, "b": 6}
+    assert compare({"a": make("a"), "b": make("b")}, baseline="b", repeat=1, number=1).baseline == "b"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        (({},), {}, TypeError, "non-empty dict"),
+        (({"a": lambda: None},), {"baseline": "z"}, ValueError, "baseline 'z'"),
+        (({"a": lambda: None},), {"name": "x"}, TypeError, "dict keys"),
+        (({"a": lambda: None},), {"nbytes": -5}, ValueError, "nbytes"),
+    ],
+)
+def test_compare_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        compare(*args, **kwargs)
+
+
+def test_plot_has_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = Comparison(timings=(_cpu_timing("a", (0.002,)), _cpu_timing("b", (0.001,))), baseline="a")
+    ax = c.plot(title="demo")
+    assert ax.get_title() == "demo"
+    assert "ms" in ax.get_xlabel()
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["a", "b"]
+    plt.close(ax.figure)
+
+
+def test_time_with_benchmark_returns_a_timing():
+    t = time_with_benchmark(lambda: torch.ones(8) + 1, min_run_time=0.02, name="add")
+    assert isinstance(t, Timing) and t.name == "add"
+    assert t.method == "torch.utils.benchmark" and t.number >= 1
+    assert all(s > 0 for s in t.samples)
+    with pytest.raises(ValueError, match="min_run_time"):
+        time_with_benchmark(lambda: None, min_run_time=0)
+
+
+def test_default_device_is_the_gpu_when_there_is_one(fake_cuda, monkeypatch):
+    """With CUDA present (mocked by conftest), device=None must synchronize the current GPU."""
+    sync = mock.Mock()
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    t = time_it(lambda: None, warmup=0, repeat=3, number=1, method="sync")
+    assert t.device == torch.device("cuda", 1)
+    assert sync.call_count == 1 + 2 * 3  # after warm-up, then before and after each sample
+    assert all(call.args == (torch.device("cuda", 1),) for call in sync.call_args_list)
