@@ -61,12 +61,17 @@ __all__ = [
 REPORT_DIR_ENV = "TUTORIAL_REPORT_DIR"
 
 _PREFIX_TEMPLATE = "[rank${rank}] "
-_RANK_LINE = re.compile(r"^\[rank(\d+)\] ?(.*)$")
+# torchrun's prefix, then (on a traceback) the "[rankN]: " torch adds itself: keep one.
+_RANK_LINE = re.compile(r"^\[rank(\d+)\] ?(?:\[rank\d+\]: )?(.*)$")
 _LAST_LINES = 15
 
 
 class LaunchError(RuntimeError):
-    """A launched job failed or timed out. ``rank``, ``returncode`` and ``last_lines`` say which and why."""
+    """A launched job failed or timed out. ``rank``, ``returncode`` and ``last_lines`` say which and why.
+
+    ``rank`` is the rank that failed first; after a timeout it is the rank still running when
+    only one was, else ``None`` (``last_lines`` then holds every running rank's last lines).
+    """
 
     def __init__(self, message: str, *, rank: int | None, returncode: int | None,
                  last_lines: list[str], result: LaunchResult):
@@ -200,6 +205,8 @@ def _read_reports(folder: Path) -> dict[int, Any]:
 def _failed_rank(launcher_lines: list[str]) -> tuple[int | None, int | None]:
     """(rank, exit code) of the first failure from torchrun's summary, if it printed one."""
     text = "\n".join(launcher_lines)
+    # The "Root Cause" block names the first failure; the others were stopped by torchrun.
+    text = text.split("Root Cause", 1)[-1]
     rank = re.search(r"^\s*rank\s*:\s*(\d+)", text, re.MULTILINE)
     code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", text, re.MULTILINE)
     return (int(rank.group(1)) if rank else None, int(code.group(1)) if code else None)
@@ -336,11 +343,13 @@ def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, 
         result.reports = _read_reports(report_dir)
 
     if timed_out:
+        # Every rank still running is listed: the one that hangs and the ones waiting for it in a
+        # collective look the same from outside, so their last lines are what tells them apart.
         ranks = sorted(set(hung.values()))
-        rank = ranks[0] if ranks else None
-        if rank is not None:
-            last = list(tails.get(rank, []))
-            who = f"rank {', '.join(map(str, ranks))} still running; last lines of rank {rank}"
+        rank = ranks[0] if len(ranks) == 1 else None
+        if ranks:
+            last = [f"[rank{r}] {x}" for r in ranks for x in tails.get(r, ["(no output)"])]
+            who = f"rank {', '.join(map(str, ranks))} still running; their last lines"
         else:
             last = result.launcher_output[-_LAST_LINES:]
             who = "no rank had started; last lines of torchrun"

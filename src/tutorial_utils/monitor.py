@@ -135,8 +135,9 @@ class TorchSource(Source):
     source opens, so the peak is "since the gauge started".
 
     Without CUDA, one row ``cpu (exact)`` from a :class:`tutorial_utils.memory.Tracker` started
-    in ``open()`` and stopped in ``close()``: bytes of tensor storage allocated since then and
-    still alive, and their exact peak. Allocations made before ``open()`` are not counted.
+    in ``open()`` and stopped in ``close()``: bytes of live CPU tensor storage and their exact
+    peak since ``open()``. The tracker counts the tensors of the thread that called ``open()``
+    (a notebook's cells all run on its main thread), so open and close it from that thread.
     """
 
     name = "torch"
@@ -178,7 +179,7 @@ class TorchSource(Source):
             self.available, self.reason = False, "tutorial_utils.memory has no Tracker yet"
             return
         try:
-            self._tracker = tracker_cls()
+            self._tracker = tracker_cls("cpu")
             self._tracker.start()
         except Exception as exc:
             self._tracker = None
@@ -195,7 +196,7 @@ class TorchSource(Source):
                 peak = int(self._tracker.peak_bytes)
             except Exception as exc:
                 raise SourceError(f"the CPU memory tracker failed: {exc}") from exc
-            return [Reading("cpu (exact)", used_bytes=current, peak_bytes=peak, note="tensors since start")]
+            return [Reading("cpu (exact)", used_bytes=current, peak_bytes=peak, note="tensor storage")]
         import torch
 
         out = []
@@ -350,7 +351,7 @@ class GPUtilSource(Source):
                     label,
                     used_bytes=int(float(gpu.memoryUsed) * 2**20),
                     total_bytes=int(float(gpu.memoryTotal) * 2**20),
-                    utilization_pct=float(gpu.load) * 100.0,
+                    utilization_pct=round(float(gpu.load) * 100.0, 1),  # GPUtil divides by 100
                 )
             )
         return out

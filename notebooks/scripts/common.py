@@ -1,0 +1,61 @@
+"""What every script in this folder does at the start and the end of a distributed run.
+
+torchrun starts one copy of a script per process and gives each one its place through
+environment variables: RANK (0..WORLD_SIZE-1 over all machines), LOCAL_RANK (0.. on this
+machine), WORLD_SIZE, MASTER_ADDR / MASTER_PORT (where to meet). These helpers read them.
+They need only torch, so the scripts run the same on a laptop, a GPU server or a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup() -> tuple[int, int, torch.device]:
+    """Join the process group; return (rank, world size, this process's device).
+
+    NCCL when there is one GPU per local process (the fast GPU backend), gloo otherwise (CPU).
+    """
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
+        torch.cuda.set_device(local_rank)  # before init: NCCL uses the current device
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def teardown() -> None:
+    """Leave cleanly: wait for every rank, then destroy the group.
+
+    Without the barrier a fast rank can tear its connections down while another still uses
+    them; on CPU we saw rank 1 abort (SIGABRT) in 2 of 66 runs.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def log(*args) -> None:
+    """Print from rank 0 only, so the output is one copy, in order."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, flush=True)
+
+
+def report(data: dict) -> None:
+    """Send plain data back to the notebook that launched us (tutorial_utils.distributed.launch).
+
+    Each rank writes rank<R>.json into the folder named by TUTORIAL_REPORT_DIR; run by hand or on a
+    cluster, where that variable is unset, this does nothing.
+    """
+    folder = os.environ.get("TUTORIAL_REPORT_DIR")
+    if folder:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump(data, f)

@@ -1,0 +1,995 @@
+"""Exact tensor-memory measurement and estimation, on every device (CPU included).
+
+On a GPU, PyTorch's caching allocator counts every byte it hands out (``memory_allocated``,
+``max_memory_allocated``). On a CPU there is no such counter, and RSS is no substitute (pages
+count only once written, and the allocator keeps freed memory). So on the CPU we count
+ourselves: a ``TorchDispatchMode`` sees the output of every operator (forward, backward and
+optimizer step alike, since it sits below autograd), books each new tensor storage once (views
+and tied weights share one storage) and un-books it through a weak reference when the storage
+is freed. That gives current and peak bytes that match the PyTorch profiler's allocation
+events, cheaply enough to stay on while a notebook runs.
+
+The public surface:
+
+- ``measure(device)``: current / peak / delta of tensor memory for a ``with`` block.
+- ``Tracker``: the same counter left running across notebook cells (the live gauges read it).
+- ``budget(nbytes)``: raise the real ``torch.OutOfMemoryError`` when a block goes over a budget.
+- ``breakdown(model, inputs)``: one real training step, bytes by category and by module.
+- ``estimate(model, inputs)``: the same answer with fake tensors, no memory allocated.
+
+>>> import torch
+>>> with measure("cpu") as m:
+...     x = torch.empty(1024, 1024)
+>>> m.delta_bytes
+4194304
+
+One blind spot on the CPU: scratch buffers an operator allocates and frees *inside itself*
+(oneDNN workspaces in an LSTM, for instance) never leave the operator, so no dispatch-level
+counter sees them. Matrix multiplies are the exception we model: the BLAS call copies an operand
+it cannot read in place (an expanded gradient, say), and we add that copy to the peak.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+from . import devices
+from .units import format_bytes, parse_bytes
+
+__all__ = [
+    "EstimateError",
+    "Measurement",
+    "MemoryBreakdown",
+    "ModuleMemory",
+    "TensorSpec",
+    "Tracker",
+    "breakdown",
+    "budget",
+    "estimate",
+    "measure",
+    "spec",
+]
+
+
+# -----------------------------------------------------------------------------
+# The accountant: books tensor storages as operators produce them
+
+
+class _Window:
+    """One reader of an accountant (a measure block, a budget, a Tracker): its own peak."""
+
+    def __init__(self, current: int, limit: int | None = None):
+        self.start = current
+        self.peak = current  # folded peak; the live value is max(self.peak, accountant.peak)
+        self.limit = limit
+
+
+def _blas_copy_bytes(m: torch.Tensor) -> int:
+    """Bytes a CPU matrix multiply copies for operand ``m``: 0 when BLAS can read it in place.
+
+    BLAS reads row-major or column-major matrices. Anything else (an expanded gradient with
+    stride 0, a strided slice) is first cloned to a contiguous scratch copy inside the operator.
+    """
+    if m.dim() != 2 or m.device.type != "cpu":
+        return 0
+    rows, cols = m.shape
+    s0, s1 = m.stride()
+    if (s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)):
+        return 0
+    return m.numel() * m.element_size()
+
+
+def _slow_conv_columns(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, transposed, output_padding, groups) -> int:
+    """Bytes of the im2col buffer of PyTorch's own CPU convolution ("Slow2d"; oneDNN is used
+    when it can be, and has no such buffer). It is (N, C_in/groups * kh * kw, H_out * W_out)."""
+    if x.device.type != "cpu" or weight.dim() != 4 or transposed:
+        return 0
+    backend = torch._C._select_conv_backend(
+        x, weight, None, list(stride), list(padding), list(dilation), transposed, list(output_padding), groups
+    )
+    if backend != torch._C._ConvBackend.Slow2d:
+        return 0
+    kh, kw = weight.shape[2], weight.shape[3]
+    if (kh, kw) == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0):
+        return 0  # a 1x1 convolution reads its input directly
+    h_out = (x.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    w_out = (x.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    return x.shape[0] * (x.shape[1] // groups) * kh * kw * h_out * w_out * x.element_size()
+
+
+def _scratch_bytes(func, args) -> int:
+    """Bytes an operator allocates and frees inside itself, where we know them (CPU only).
+
+    Checked against the profiler's allocation events in tests/test_memory_accuracy.py.
+    """
+    if func is torch.ops.aten.mm.default:
+        return _blas_copy_bytes(args[0]) + _blas_copy_bytes(args[1])
+    if func is torch.ops.aten.addmm.default:
+        return _blas_copy_bytes(args[1]) + _blas_copy_bytes(args[2])
+    if func is torch.ops.aten.convolution.default:  # (input, weight, bias, stride, padding, ...)
+        return _slow_conv_columns(args[0], args[1], *args[3:9])
+    if func is torch.ops.aten.convolution_backward.default:  # (grad, input, weight, bias_sizes, ...)
+        return _slow_conv_columns(args[1], args[2], *args[4:10])
+    if func is torch.ops.aten.native_batch_norm_backward.default and args[1].device.type == "cpu":
+        return args[1].numel() * args[1].element_size()  # a temporary the size of the input
+    return 0
+
+
+_SCRATCH_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.convolution.default,
+    torch.ops.aten.convolution_backward.default,
+    torch.ops.aten.native_batch_norm_backward.default,
+}
+
+_FACTORIES = {  # operators whose first argument is the size of the tensor they create
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.zeros.default,
+    torch.ops.aten.ones.default,
+    torch.ops.aten.full.default,
+    torch.ops.aten.rand.default,
+    torch.ops.aten.randn.default,
+}
+
+
+class _Accountant(TorchDispatchMode):
+    """Counts the bytes of live tensor storages on one device type, as operators create them.
+
+    ``storage_device`` is where the storages live: ``'cpu'`` for real CPU tensors, ``'meta'``
+    for the fake tensors of ``estimate`` (a fake tensor reports a CPU device but keeps a meta
+    storage). Thread-safe to read; it books only the ops of the thread that entered it.
+    """
+
+    def __init__(self, storage_device: str = "cpu"):
+        super().__init__()
+        self.storage_device = storage_device
+        self.lock = threading.RLock()  # RLock: a weakref callback can fire while we book
+        self.live: dict[int, tuple[weakref.ref, int]] = {}  # storage address -> (ref, nbytes)
+        self.current = 0
+        self.peak = 0  # running peak since the last window opened or reset
+        self.windows: list[_Window] = []
+        self.limited = False  # is any window a budget? (skip the checks when not)
+
+    # --- booking -------------------------------------------------------------------------
+
+    def _free(self, key: int) -> None:
+        with self.lock:
+            entry = self.live.pop(key, None)
+            if entry is not None:
+                self.current -= entry[1]
+
+    def _new_bytes(self, tensors: Sequence) -> tuple[int, list]:
+        """Bytes of storages in ``tensors`` not booked yet (or grown), and what to book."""
+        added, todo = 0, []
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                s = t.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
+                continue
+            if s.device.type != self.storage_device:
+                continue
+            key, nbytes = s._cdata, s.nbytes()
+            entry = self.live.get(key)
+            if entry is None:
+                added += nbytes
+                todo.append((key, s, nbytes))
+            elif entry[1] != nbytes:  # resized in place
+                added += nbytes - entry[1]
+                todo.append((key, None, nbytes))
+        return added, todo
+
+    def book(self, tensors: Sequence, transient: int = 0, what: str = "a tensor") -> None:
+        """Count the storages of ``tensors``; ``transient`` bytes exist only during this op."""
+        with self.lock:
+            added, todo = self._new_bytes(tensors)
+            if not added and not transient:
+                return
+            if self.limited:
+                self._check_budget(added + transient, what)
+            for key, s, nbytes in todo:
+                if s is None:
+                    self.live[key] = (self.live[key][0], nbytes)
+                else:
+                    self.live[key] = (weakref.ref(s, lambda _, k=key: self._free(k)), nbytes)
+            self.current += added
+            self.peak = max(self.peak, self.current + transient)
+
+    def _check_budget(self, nbytes: int, what: str) -> None:
+        for w in self.windows:
+            if w.limit is not None and self.current + nbytes > w.limit:
+                raise torch.OutOfMemoryError(
+                    f"CPU out of memory (memory.budget). Tried to allocate {format_bytes(nbytes)} "
+                    f"for {what}. Budget {format_bytes(w.limit)}, {format_bytes(self.current)} "
+                    f"already in use, {format_bytes(max(0, w.limit - self.current))} free under "
+                    "the budget. Free references you no longer need (del, .detach(), .item()), "
+                    "use a smaller batch, or raise the budget."
+                )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.limited and func in _FACTORIES:  # refuse before allocating, when we can
+            self._precheck_factory(func, args, kwargs)
+        out = func(*args, **kwargs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        transient = _scratch_bytes(func, args) if func in _SCRATCH_OPS else 0
+        self.book(outs, transient, what=f"the output of {func}")
+        return out
+
+    def _precheck_factory(self, func, args, kwargs) -> None:
+        size = args[0] if args else kwargs.get("size")
+        if not isinstance(size, (list, tuple)) or not all(isinstance(n, int) for n in size):
+            return
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != self.storage_device:
+            return
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        numel = 1
+        for n in size:
+            numel *= n
+        with self.lock:
+            self._check_budget(numel * dtype.itemsize, f"a new tensor of shape {tuple(size)}")
+
+    # --- windows ---------------------------------------------------------------------------
+
+    def open_window(self, limit: int | None = None) -> _Window:
+        with self.lock:
+            for w in self.windows:  # hand them the running peak before we reset it
+                w.peak = max(w.peak, self.peak)
+            self.peak = self.current
+            window = _Window(self.current, limit)
+            self.windows.append(window)
+            self.limited = any(w.limit is not None for w in self.windows)
+            return window
+
+    def close_window(self, window: _Window) -> None:
+        with self.lock:
+            window.peak = max(window.peak, self.peak)
+            if window in self.windows:
+                self.windows.remove(window)
+            self.limited = any(w.limit is not None for w in self.windows)
+
+    def window_peak(self, window: _Window) -> int:
+        with self.lock:
+            return max(window.peak, self.peak) if window in self.windows else window.peak
+
+    def reset_window_peak(self, window: _Window) -> None:
+        with self.lock:
+            for w in self.windows:
+                w.peak = max(w.peak, self.peak)
+            self.peak = self.current
+            window.peak = self.current
+
+    def book_existing(self) -> None:
+        """Book every tensor Python can reach now (a notebook's earlier tensors, the model...)."""
+        objects = gc.get_objects()  # every container object; tensors are among them
+        kinds = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
+        self.book(list(itertools.compress(objects, map(kinds.__contains__, map(type, objects)))))
+        with self.lock:
+            self.peak = self.current
+
+    def clear(self) -> None:
+        with self.lock:
+            self.live.clear()  # dropping the weak references also drops their callbacks
+
+
+# One running CPU accountant per thread (dispatch modes are thread-local): measure, budget and
+# Tracker share it, so nested blocks cost one set of books, not one each.
+_shared: dict[int, _Accountant] = {}
+_shared_lock = threading.Lock()
+
+
+def _acquire_shared(limit: int | None = None) -> tuple[_Accountant, _Window]:
+    tid = threading.get_ident()
+    with _shared_lock:
+        acc = _shared.get(tid)
+        if acc is None:
+            acc = _Accountant("cpu")
+            acc.book_existing()
+            acc.__enter__()  # push the mode; it stays pushed across notebook cells
+            _shared[tid] = acc
+    return acc, acc.open_window(limit)
+
+
+def _release_shared(acc: _Accountant, window: _Window) -> None:
+    acc.close_window(window)
+    with _shared_lock:
+        if acc.windows or _shared.get(threading.get_ident()) is not acc:
+            return
+        if _get_current_dispatch_mode() is not acc:
+            return  # another mode sits above ours: keep counting, pop when we are on top again
+        acc.__exit__(None, None, None)
+        acc.clear()
+        del _shared[threading.get_ident()]
+
+
+# -----------------------------------------------------------------------------
+# CUDA: the allocator already counts; we only keep nested peaks honest
+
+
+_cuda_windows: dict[int, list[_Window]] = {}
+
+
+def _cuda_open(index: int) -> _Window:
+    torch.cuda.synchronize(index)
+    running = torch.cuda.max_memory_allocated(index)
+    for w in _cuda_windows.setdefault(index, []):  # resetting the peak must not erase theirs
+        w.peak = max(w.peak, running)
+    torch.cuda.reset_peak_memory_stats(index)
+    window = _Window(torch.cuda.memory_allocated(index))
+    _cuda_windows[index].append(window)
+    return window
+
+
+def _cuda_peak(index: int, window: _Window) -> int:
+    return max(window.peak, torch.cuda.max_memory_allocated(index))
+
+
+def _cuda_close(index: int, window: _Window) -> None:
+    torch.cuda.synchronize(index)
+    window.peak = _cuda_peak(index, window)
+    if window in _cuda_windows.get(index, []):
+        _cuda_windows[index].remove(window)
+
+
+def _resolve(device) -> torch.device:
+    device = devices.pick_device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"memory accounting works on 'cpu' and 'cuda' devices, not {device.type!r}; "
+            "pass device='cpu' or a CUDA device"
+        )
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+# -----------------------------------------------------------------------------
+# Tracker: a counter that keeps running between notebook cells
+
+
+class Tracker:
+    """Live tensor-memory counter for one device, started in one cell and stopped in a later one.
+
+    ``current_bytes`` and ``peak_bytes`` are safe to read from another thread (the live gauge
+    polls them). On the CPU it books the operators run by the thread that called ``start()``
+    (a notebook runs every cell on its main thread); on CUDA it reads the caching allocator.
+
+    >>> tracker = Tracker("cpu").start()
+    >>> x = torch.zeros(256, 1024)          # 1 MiB
+    >>> tracker.current_bytes - tracker.start_bytes
+    1048576
+    >>> tracker.stop()
+    """
+
+    def __init__(self, device: str | torch.device | None = None):
+        self.device = _resolve(device)
+        self._acc: _Accountant | None = None
+        self._window: _Window | None = None
+        self._owner: int | None = None
+        self._start = 0
+        self._final = (0, 0)  # (current, peak) when stopped
+
+    @property
+    def running(self) -> bool:
+        return self._window is not None
+
+    def start(self) -> Tracker:
+        if self.running:
+            raise RuntimeError("this Tracker is already running; call stop() before starting it again")
+        if self.device.type == "cuda":
+            self._window = _cuda_open(self.device.index)
+        else:
+            self._acc, self._window = _acquire_shared()
+        self._owner = threading.get_ident()
+        return self
+
+    def stop(self) -> None:
+        if not self.running:
+            return
+        if self._owner != threading.get_ident():
+            raise RuntimeError("stop() this Tracker from the thread that started it (the notebook's)")
+        if self.device.type == "cuda":
+            _cuda_close(self.device.index, self._window)
+            self._final = (self.current_bytes, int(self._window.peak))
+        else:
+            self._final = (self.current_bytes, self.peak_bytes)
+            _release_shared(self._acc, self._window)
+        self._start = self._window.start
+        self._window = None
+
+    def __enter__(self) -> Tracker:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def start_bytes(self) -> int:
+        """Tensor bytes alive on the device when ``start()`` was called."""
+        return self._window.start if self._window else self._start
+
+    @property
+    def current_bytes(self) -> int:
+        """Tensor bytes alive on the device now (the last reading once stopped)."""
+        if not self.running:
+            return self._final[0]
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device.index))
+        return self._acc.current
+
+    @property
+    def peak_bytes(self) -> int:
+        """Highest ``current_bytes`` since start (or the last ``reset_peak``)."""
+        if not self.running:
+            return self._final[1]
+        if self.device.type == "cuda":
+            return int(_cuda_peak(self.device.index, self._window))
+        return self._acc.window_peak(self._window)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from the current value."""
+        if not self.running:
+            return
+        if self.device.type == "cuda":
+            _cuda_close(self.device.index, self._window)
+            self._window = _cuda_open(self.device.index)
+        else:
+            self._acc.reset_window_peak(self._window)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return (
+            f"Tracker({self.device}, {state}: current {format_bytes(self.current_bytes)}, "
+            f"peak {format_bytes(self.peak_bytes)})"
+        )
+
+
+# -----------------------------------------------------------------------------
+# measure and budget
+
+
+@dataclass
+class Measurement:
+    """Tensor memory of one ``with measure():`` block; the fields are filled when it ends."""
+
+    device: torch.device
+    start_bytes: int = 0
+    end_bytes: int = 0
+    peak_bytes: int = 0
+    reserved_bytes: int | None = None  # CUDA only: what the caching allocator holds at the end
+    peak_reserved_bytes: int | None = None
+    done: bool = False
+
+    @property
+    def delta_bytes(self) -> int:
+        """End minus start: what the block left behind (negative when it freed memory)."""
+        return self.end_bytes - self.start_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int:
+        """How far above its starting point the block went at its highest."""
+        return self.peak_bytes - self.start_bytes
+
+    def _rows(self) -> list[tuple[str, str]]:
+        rows = [
+            ("peak", format_bytes(self.peak_bytes)),
+            ("delta", ("+" if self.delta_bytes >= 0 else "") + format_bytes(self.delta_bytes)),
+            ("start", format_bytes(self.start_bytes)),
+            ("end", format_bytes(self.end_bytes)),
+        ]
+        if self.reserved_bytes is not None:
+            rows.append(("reserved", format_bytes(self.reserved_bytes)))
+            rows.append(("peak reserved", format_bytes(self.peak_reserved_bytes)))
+        return rows
+
+    def __repr__(self) -> str:
+        if not self.done:
+            return f"Measurement({self.device}, still measuring)"
+        return f"Measurement({self.device}: " + ", ".join(f"{k} {v}" for k, v in self._rows()) + ")"
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><td>{k}</td><td style='text-align:right'>{v}</td></tr>" for k, v in self._rows())
+        return f"<table><caption>tensor memory on {self.device}</caption>{body}</table>"
+
+
+@contextmanager
+def measure(device: str | torch.device | None = None) -> Iterator[Measurement]:
+    """Measure the tensor memory of a ``with`` block: start, end, delta and peak bytes.
+
+    CUDA: the caching allocator's counters (peak reset at entry, reserved memory reported too).
+    CPU: exact accounting of live tensor storages (never RSS). Blocks nest.
+
+    >>> with measure("cpu") as m:
+    ...     y = torch.ones(1024, 256) * 2     # 1 MiB kept, 1 MiB temporary
+    >>> m.peak_above_start_bytes, m.delta_bytes
+    (2097152, 1048576)
+    """
+    device = _resolve(device)
+    result = Measurement(device)
+    if device.type == "cuda":
+        index = device.index
+        torch.cuda.reset_peak_memory_stats(index)  # reserved peak too; allocated peak is folded
+        window = _cuda_open(index)
+        result.start_bytes = window.start
+        try:
+            yield result
+        finally:
+            _cuda_close(index, window)
+            result.end_bytes = int(torch.cuda.memory_allocated(index))
+            result.peak_bytes = int(window.peak)
+            result.reserved_bytes = int(torch.cuda.memory_reserved(index))
+            result.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(index))
+            result.done = True
+        return
+    acc, window = _acquire_shared()
+    result.start_bytes = window.start
+    try:
+        yield result
+    finally:
+        result.end_bytes = acc.current
+        _release_shared(acc, window)
+        result.peak_bytes = window.peak
+        result.done = True
+
+
+@contextmanager
+def budget(nbytes: int | str, device: str | torch.device | None = None) -> Iterator[None]:
+    """Raise ``torch.OutOfMemoryError`` when tensor memory in the block would exceed ``nbytes``.
+
+    The budget caps *all* tensor memory on the device, as a GPU's size does (what was already
+    allocated before the block counts). ``nbytes`` is an int or a string such as ``"512 MiB"``.
+    CUDA: ``torch.cuda.set_per_process_memory_fraction`` (the real allocator error; the previous
+    fraction is restored on exit). CPU: the operator that would cross the budget raises, before
+    its result reaches your code. Nothing stays patched after the error: free what you no longer
+    need and carry on.
+    """
+    limit = parse_bytes(nbytes)
+    if limit <= 0:
+        raise ValueError(f"a memory budget must be a positive number of bytes, got {nbytes!r}")
+    device = _resolve(device)
+    if device.type == "cuda":
+        index = device.index
+        total = torch.cuda.get_device_properties(index).total_memory
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        previous = getter(index) if getter is not None else 1.0
+        torch.cuda.empty_cache()  # cached blocks would otherwise count against the fraction
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(previous, index)
+        return
+    acc, window = _acquire_shared(limit)
+    try:
+        if acc.current > limit:
+            raise torch.OutOfMemoryError(
+                f"CPU out of memory (memory.budget). Budget {format_bytes(limit)}, but "
+                f"{format_bytes(acc.current)} is already in use before the block starts; "
+                "free some tensors or raise the budget."
+            )
+        yield
+    finally:
+        _release_shared(acc, window)
+
+
+# -----------------------------------------------------------------------------
+# The result of breakdown and estimate
+
+
+@dataclass(frozen=True)
+class ModuleMemory:
+    """One module's share: its own parameters, and the tensors its forward saved for backward."""
+
+    name: str
+    kind: str
+    parameters: int
+    activations: int
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where the memory of one training step goes, in bytes.
+
+    ``parameters`` (and ``buffers``) and ``inputs`` exist before the step; ``activations`` are
+    the tensors saved for backward at the end of forward; ``gradients`` and
+    ``optimizer_state`` exist after backward and the optimizer step; ``peak`` is the most that
+    was alive at once during the step. Shared storages (views, tied weights) count once.
+    """
+
+    device: str
+    parameters: int
+    buffers: int
+    inputs: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    peak: int
+    peak_phase: str  # "forward", "backward" or "optimizer step"
+    estimated: bool
+    modules: tuple[ModuleMemory, ...] = field(default=(), repr=False)
+
+    _CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations")
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in (*self._CATEGORIES, "peak")}
+
+    @property
+    def title(self) -> str:
+        how = "estimated with fake tensors" if self.estimated else "measured"
+        return f"training step on {self.device}, {how}"
+
+    def __repr__(self) -> str:
+        lines = [f"MemoryBreakdown({self.title})"]
+        for name in self._CATEGORIES:
+            lines.append(f"  {name.replace('_', ' '):<16}{format_bytes(getattr(self, name)):>12}")
+        lines.append(f"  {'peak':<16}{format_bytes(self.peak):>12}  (during {self.peak_phase})")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{n.replace('_', ' ')}</td><td style='text-align:right'>{format_bytes(getattr(self, n))}</td></tr>"
+            for n in self._CATEGORIES
+        )
+        rows += (
+            f"<tr><th>peak</th><th style='text-align:right'>{format_bytes(self.peak)}</th></tr>"
+            f"<tr><td colspan='2'>peak reached during {self.peak_phase}</td></tr>"
+        )
+        table = f"<table><caption>{self.title}</caption>{rows}</table>"
+        shown = [m for m in self.modules if m.parameters or m.activations]
+        if shown:
+            body = "".join(
+                f"<tr><td>{m.name}</td><td>{m.kind}</td><td style='text-align:right'>{format_bytes(m.parameters)}</td>"
+                f"<td style='text-align:right'>{format_bytes(m.activations)}</td></tr>"
+                for m in shown
+            )
+            table += (
+                "<table><caption>by module</caption><tr><th>module</th><th>type</th>"
+                f"<th>parameters</th><th>activations</th></tr>{body}</table>"
+            )
+        return table
+
+    def plot(self, ax=None):
+        """A stacked bar of the categories beside the peak; returns the matplotlib Axes."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 2.6))
+        left = 0.0
+        for name in self._CATEGORIES:
+            mib = getattr(self, name) / 2**20
+            if mib > 0:
+                ax.barh(0, mib, left=left, label=name.replace("_", " "))
+                left += mib
+        ax.barh(1, self.peak / 2**20, color="0.35", label="peak")
+        ax.set_yticks([0, 1], ["by category", "peak"])
+        ax.set_xlabel("MiB")
+        ax.set_title(f"Memory of one {self.title}")
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+        ax.figure.tight_layout()
+        return ax
+
+
+# -----------------------------------------------------------------------------
+# One instrumented training step, shared by breakdown (real tensors) and estimate (fake ones)
+
+
+def _unique_bytes(tensors, skip: set[int] | None = None) -> tuple[int, set[int]]:
+    """Bytes of the distinct storages among ``tensors`` (minus those in ``skip``), and their keys."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        if s._cdata in seen or (skip and s._cdata in skip):
+            continue
+        seen.add(s._cdata)
+        total += s.nbytes()
+    return total, seen
+
+
+def _default_loss(output) -> torch.Tensor:
+    """The sum of the output's floating-point elements (a tensor, or a tuple / dict of them)."""
+    if isinstance(output, dict):
+        output = list(output.values())
+    parts = [output] if isinstance(output, torch.Tensor) else list(output)
+    floats = [t.sum() for t in parts if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not floats:
+        raise TypeError("the model's output has no floating-point tensor to sum; pass loss_fn=")
+    return floats[0] if len(floats) == 1 else torch.stack(floats).sum()
+
+
+def _make_optimizer(optimizer, params: list[nn.Parameter]):
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "pass the optimizer class (e.g. torch.optim.AdamW) or a function of the parameters, "
+            "not an optimizer instance, so the step starts from a fresh optimizer"
+        )
+    return optimizer(params)
+
+
+class _ModuleWatch:
+    """Forward hooks that say which module is running, so saved tensors can be attributed."""
+
+    def __init__(self, model: nn.Module):
+        self.stack: list[str] = []
+        self.names = {m: name or "(model)" for name, m in model.named_modules()}
+        self.handles = []
+        for m in self.names:
+            self.handles.append(m.register_forward_pre_hook(self._enter))
+            self.handles.append(m.register_forward_hook(self._leave))  # not on error: keep the culprit
+
+    def _enter(self, module, args):
+        self.stack.append(self.names[module])
+
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _run_step(model, inputs, loss_fn, optimizer, acc: _Accountant, estimated: bool, device_name: str):
+    """Forward, backward and (optionally) an optimizer step, booked by ``acc``."""
+    params = [p for p in model.parameters()]
+    buffers = list(model.buffers())
+    param_bytes, param_keys = _unique_bytes(params)
+    buffer_bytes, buffer_keys = _unique_bytes(buffers, param_keys)
+    input_bytes, input_keys = _unique_bytes([x for x in inputs if isinstance(x, torch.Tensor)])
+    known = param_keys | buffer_keys | input_keys
+
+    saved: dict[int, int] = {}  # storage -> bytes, tensors saved for backward
+    per_module: dict[str, int] = {}
+    watch = _ModuleWatch(model)
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        if s._cdata not in known and s._cdata not in saved:
+            saved[s._cdata] = s.nbytes()
+            where = watch.stack[-1] if watch.stack else "(loss)"
+            per_module[where] = per_module.get(where, 0) + s.nbytes()
+        return t
+
+    acc.book(params + buffers + [x for x in inputs if isinstance(x, torch.Tensor)])
+    window = acc.open_window()
+    phase_peaks = {}
+    try:
+        with acc:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                try:
+                    output = model(*inputs)
+                    loss = (loss_fn or _default_loss)(output)
+                except Exception as exc:
+                    if not estimated:
+                        raise
+                    where = watch.stack[-1] if watch.stack else "the loss function"
+                    module = dict((v, k) for k, v in watch.names.items()).get(where)
+                    kind = type(module).__name__ if module is not None else ""
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise EstimateError(
+                        f"estimate could not run {where}{f' ({kind})' if kind else ''} on fake tensors: "
+                        f"{type(exc).__name__}: {reason}"
+                    ) from None
+            phase_peaks["forward"] = acc.window_peak(window)
+            del output
+            acc.reset_window_peak(window)
+            loss.backward()
+            del loss
+            phase_peaks["backward"] = acc.window_peak(window)
+            gradients, grad_keys = _unique_bytes([p.grad for p in params], known)
+            opt = _make_optimizer(optimizer, params)
+            state_bytes = 0
+            if opt is not None:
+                acc.reset_window_peak(window)
+                opt.step()
+                phase_peaks["optimizer step"] = acc.window_peak(window)
+                state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+                state_bytes, _ = _unique_bytes(state, known | grad_keys)
+            del opt
+    finally:
+        watch.remove()
+        acc.close_window(window)
+    phase = max(phase_peaks, key=phase_peaks.get)
+    modules = tuple(
+        ModuleMemory(
+            name,
+            type(module).__name__,
+            _unique_bytes(list(module.parameters(recurse=False)))[0],
+            per_module.get(name, 0),
+        )
+        for module, name in watch.names.items()
+    )
+    return MemoryBreakdown(
+        device=device_name,
+        parameters=param_bytes,
+        buffers=buffer_bytes,
+        inputs=input_bytes,
+        gradients=gradients,
+        optimizer_state=state_bytes,
+        activations=sum(saved.values()),
+        peak=phase_peaks[phase],
+        peak_phase=phase,
+        estimated=estimated,
+        modules=modules,
+    )
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def _as_tuple(inputs) -> tuple:
+    if isinstance(inputs, (tuple, list)) and not _is_shape(inputs):
+        return tuple(inputs)
+    return (inputs,)
+
+
+def breakdown(
+    model: nn.Module,
+    inputs,
+    *,
+    loss_fn: Callable | None = None,
+    optimizer: Callable | None = None,
+) -> MemoryBreakdown:
+    """Run one real training step and say where its memory went.
+
+    ``inputs``: a tensor, or a tuple of tensors passed to ``model(*inputs)``. ``loss_fn(output)``
+    returns the scalar to backpropagate (default: the sum of the output's float elements).
+    ``optimizer``: an optimizer class (``torch.optim.AdamW``) or a function of the parameters;
+    with one, the model's weights take one real step. Gradients the model had before are put
+    back afterwards; the step's own gradients and optimizer are dropped.
+    """
+    inputs = _as_tuple(inputs)
+    device = _model_device(model)
+    if device.type == "meta":
+        raise ValueError("this model is on the meta device and has no real memory; use memory.estimate(model, inputs)")
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.device != device:
+            raise ValueError(f"the inputs are on {x.device} but the model is on {device}; move them with .to({str(device)!r})")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("no parameter of this model requires grad, so there is no training step to measure")
+    old_grads = {p: p.grad for p in model.parameters()}
+    for p in old_grads:
+        p.grad = None
+    try:
+        if device.type == "cuda":
+            return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
+        acc = _Accountant("cpu")
+        return _run_step(model, inputs, loss_fn, optimizer, acc, estimated=False, device_name=str(device))
+    finally:
+        for p, g in old_grads.items():
+            p.grad = g
+
+
+def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdown:
+    """On CUDA the categories come from our books and the peak from the allocator (workspaces too)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.synchronize(index)
+    before = torch.cuda.memory_allocated(index)
+    window = _cuda_open(index)
+    try:
+        result = _run_step(model, inputs, loss_fn, optimizer, _Accountant("cuda"), False, str(device))
+    finally:
+        _cuda_close(index, window)
+    own = result.parameters + result.buffers + result.inputs  # allocated before and part of the step
+    peak = window.peak - before + own
+    return MemoryBreakdown(**{**result.__dict__, "peak": int(peak)})
+
+
+# -----------------------------------------------------------------------------
+# estimate: the same step on fake tensors
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The shape and dtype of an input, for ``estimate`` without real data."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
+def spec(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> TensorSpec:
+    """An input described by shape and dtype: ``spec((8, 128), torch.long)`` for token ids."""
+    return TensorSpec(tuple(int(n) for n in shape), dtype)
+
+
+class EstimateError(RuntimeError):
+    """The model's step cannot run on fake tensors; the message names the module and why."""
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, (tuple, list, torch.Size)) and len(x) > 0 and all(
+        isinstance(n, int) and not isinstance(n, bool) for n in x
+    )
+
+
+def _fake_input(x, device: torch.device):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
+    if isinstance(x, TensorSpec):
+        return torch.empty(x.shape, dtype=x.dtype, device=device)
+    if _is_shape(x):
+        return torch.empty(tuple(x), dtype=torch.float32, device=device)
+    return x  # anything else (a flag, a mask of None...) is passed through as it is
+
+
+def _fake_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are fake (tied weights stay tied)."""
+    memo: dict[int, torch.Tensor] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
+    return copy.deepcopy(model, memo)
+
+
+def estimate(
+    model_or_factory: nn.Module | Callable[[], nn.Module],
+    inputs,
+    *,
+    loss_fn: Callable | None = None,
+    optimizer: Callable | None = None,
+    device: str | torch.device | None = None,
+) -> MemoryBreakdown:
+    """``breakdown`` without allocating: the same step on fake tensors (``FakeTensorMode``).
+
+    ``model_or_factory``: a model (on ``meta``, or anywhere: it is copied with fake weights and
+    left untouched) or a zero-argument function that builds one (built on ``meta``, so a
+    7-billion-parameter config takes seconds). ``inputs``: tensors, ``spec(shape, dtype)``, or a
+    plain tuple of ints for a float32 tensor of that shape: ``estimate(model, (64, 1024))``;
+    several inputs as a tuple of those, ``((64, 1024), spec((64,), torch.long))``.
+    ``device``: the device to simulate (default: the model's, or ``pick_device()`` for a model on
+    meta). Runs under the caller's ``torch.autocast`` like ``breakdown`` does.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if isinstance(model_or_factory, nn.Module):
+        model = model_or_factory
+    elif callable(model_or_factory):
+        with torch.device("meta"):
+            model = model_or_factory()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the factory returned {type(model).__name__}, not an nn.Module")
+    else:
+        raise TypeError(f"estimate needs an nn.Module or a function that builds one, not {type(model_or_factory).__name__}")
+    home = _model_device(model)
+    if device is not None:
+        target = _resolve(device)
+    elif home.type == "meta":
+        target = _resolve(None)
+    else:
+        target = home
+    raw = _as_tuple(inputs)
+    for x in raw:
+        if isinstance(x, torch.Tensor) and home.type != "meta" and x.device != home:
+            raise ValueError(f"the inputs are on {x.device} but the model is on {home}; move them with .to({str(home)!r})")
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        fmodel = _fake_model(model, target)
+        finputs = tuple(_fake_input(x, target) for x in raw)
+        acc = _Accountant("meta")  # fake tensors keep their (empty) storage on meta
+        return _run_step(fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target))

@@ -1,0 +1,191 @@
+"""A real browser: JupyterLab + headless Chromium run a notebook with a LiveGauge and see it move.
+
+Starts ``jupyter lab`` on 127.0.0.1 with a token in a temporary root holding
+``tests/browser/gauge_demo.py`` (converted to a notebook with jupytext), drives Debian's
+Chromium (``/usr/bin/chromium``) through Playwright -- no browser download -- runs all cells
+from the Run menu, reads the gauge's bars and numbers twice and asserts they changed, saves a
+screenshot to ``artifacts/browser_gauge.png`` and stops every process it started.
+
+Without Chromium the test is skipped, unless ``CI`` is set: then it fails, so a CI machine
+cannot silently lose the check (``scripts/ensure_chromium.sh`` installs it).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_SOURCE = ROOT / "tests" / "browser" / "gauge_demo.py"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _missing() -> str | None:
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        return f"Chromium is not installed at {CHROMIUM} (run scripts/ensure_chromium.sh, or apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the Python package playwright is not installed (pip install -e '.[dev]')"
+    return None
+
+
+@pytest.fixture
+def browser_ready():
+    reason = _missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but the browser check cannot run: {reason}")
+        pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail(f"jupyter lab did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the server and everything it started (kernels): they share its process group."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # a kernel that outlived the server
+    except ProcessLookupError:
+        pass
+
+
+def _read_gauge(page) -> dict:
+    return page.evaluate(
+        """() => ({
+            widths: [...document.querySelectorAll('.tu-gauge-used')].map(e => e.style.width),
+            peaks: [...document.querySelectorAll('.tu-gauge-peak')].map(e => e.style.left),
+            texts: [...document.querySelectorAll('.tu-gauge-text')].map(e => e.textContent),
+            header: (document.querySelector('.tu-gauge-header') || {}).textContent || '',
+        })"""
+    )
+
+
+def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
+    import jupytext
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = jupytext.read(NOTEBOOK_SOURCE)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nbformat.write(nb, root / "gauge_demo.ipynb")
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(
+        os.environ,
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+    )
+    log = tmp_path / "lab.log"
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser",
+        "--ip", "127.0.0.1", "--port", str(port), f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+    ]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    shot_dir = ROOT / "artifacts"
+    shot_dir.mkdir(exist_ok=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(f"{base}/api/status?token={token}", proc, log)
+        with sync_playwright() as pw:
+            # a fresh profile (--user-data-dir) in the temporary directory
+            browser = pw.chromium.launch_persistent_context(
+                str(tmp_path / "chromium-profile"),
+                executable_path=CHROMIUM,
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": 1400, "height": 900},
+            )
+            try:
+                page = browser.pages[0] if browser.pages else browser.new_page()
+                page.goto(f"{base}/lab/tree/gauge_demo.ipynb?token={token}", timeout=120_000)
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+                select_kernel = page.locator(".jp-Dialog button", has_text="Select")
+                if select_kernel.count():  # a notebook without a kernelspec asks which kernel
+                    select_kernel.first.click()
+                page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)
+                no_news = page.get_by_role("button", name="No", exact=True)
+                if no_news.count():
+                    no_news.first.click()
+                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+                page.wait_for_selector(".tu-gauge-used", state="attached", timeout=120_000)
+                page.wait_for_function(
+                    "() => (document.querySelector('.tu-gauge-header') || {}).textContent.includes('running')",
+                    timeout=60_000,
+                )
+                time.sleep(1.0)
+                first = _read_gauge(page)
+                time.sleep(2.5)  # 25 samples, about 12 redraws
+                second = _read_gauge(page)
+                page.screenshot(path=str(shot_dir / "browser_gauge.png"), full_page=True)
+            except Exception:
+                page.screenshot(path=str(shot_dir / "browser_gauge_failed.png"), full_page=True)
+                raise
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    assert proc.poll() is not None
+
+    assert "LiveGauge" in first["header"] and "running" in first["header"], first
+    assert first["widths"] and len(first["widths"]) == len(second["widths"]), (first, second)
+    assert any("used" in t for t in first["texts"]), first["texts"]
+    assert first["widths"] != second["widths"], f"the bars did not move: {first} then {second}"
+    assert first["texts"] != second["texts"], f"the numbers did not change: {first} then {second}"

@@ -1,0 +1,88 @@
+"""The notebook 02 checkers accept the reference answers and reject the common mistakes."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tutorial_utils.exercises.creating import (
+    check_build_on,
+    check_following_module,
+    check_shape_tensor,
+)
+
+
+def test_shape_tensor_reference_passes():
+    assert check_shape_tensor(lambda t: torch.tensor(t.shape, device=t.device)).passed
+
+
+def test_shape_tensor_guide_snippet_fails_with_its_error():
+    fb = check_shape_tensor(lambda t: torch.tensor(t.get_device().shape))
+    assert not fb.passed and "AttributeError" in str(fb)
+
+
+def test_shape_tensor_wrong_device_and_dtype():
+    assert "pass device=t.device" in str(check_shape_tensor(lambda t: torch.tensor(t.shape)))
+    fb = check_shape_tensor(lambda t: torch.tensor(t.shape, device=t.device, dtype=torch.float32))
+    assert "int64" in str(fb)
+    assert "values" in str(check_shape_tensor(lambda t: torch.tensor(list(t.shape)[::-1], device=t.device)))
+
+
+def _build_ref(device):
+    with torch.device(device):
+        return nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+
+
+def test_build_on_reference_passes():
+    assert check_build_on(_build_ref).passed
+    assert torch.get_default_device() == torch.device("cpu")
+
+
+def test_build_on_leaking_default_device_fails_and_is_reset():
+    def leaky(device):
+        torch.set_default_device(device)
+        return nn.Linear(2, 2)
+
+    fb = check_build_on(leaky)
+    assert not fb.passed and "default device is meta" in str(fb)
+    assert torch.get_default_device() == torch.device("cpu")
+
+
+def test_build_on_cpu_only_fails():
+    fb = check_build_on(lambda device: nn.Linear(2, 2))
+    assert not fb.passed and "elsewhere" in str(fb)
+
+
+class Good(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(features))
+        self.register_buffer("offset", torch.arange(features, dtype=torch.float32))
+
+    def forward(self, x):
+        noise_free = x.new_ones(x.shape)
+        return x * self.weight + self.offset + noise_free
+
+
+class PlainAttribute(Good):
+    def __init__(self, features):
+        super().__init__(features)
+        del self.offset
+        self.offset = torch.arange(features, dtype=torch.float32)  # not a buffer: never moves
+
+
+class CpuInForward(Good):
+    def forward(self, x):
+        return x * self.weight + self.offset + torch.ones(x.shape)
+
+
+def test_following_module_reference_passes():
+    fb = check_following_module(Good)
+    assert fb.passed, str(fb)
+
+
+def test_following_module_mistakes():
+    assert "no buffer" in str(check_following_module(PlainAttribute))
+    fb = check_following_module(CpuInForward)
+    assert not fb.passed and "forward raised" in str(fb) and "new_ones" in str(fb)
+    assert "no parameter" in str(check_following_module(lambda f: nn.ReLU()))

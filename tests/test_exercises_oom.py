@@ -1,0 +1,94 @@
+"""The notebook-05 checkers: right answers pass, each typical mistake fails with a useful message."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tutorial_utils import models
+from tutorial_utils.exercises import oom as ex
+
+
+def _n(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_training_state_bytes_is_four_fp32_copies() -> None:
+    model = models.MLP(d_in=30, d_hidden=70, d_out=5, depth=2)
+    assert ex.training_state_bytes(model) == 16 * _n(model)
+    # and it agrees with a real Adam step, measured (Adam adds a 4-byte step counter per tensor)
+    step = __import__("tutorial_utils.memory", fromlist=["breakdown"]).breakdown(
+        model, models.mlp_batch(4, 30), optimizer=torch.optim.Adam)
+    n_tensors = len(list(model.parameters()))
+    assert step.parameters + step.gradients + step.optimizer_state == ex.training_state_bytes(model) + 4 * n_tensors
+
+
+def test_training_state_bytes_right_answer_passes() -> None:
+    model = models.MLP(d_in=300, d_hidden=700, d_out=5, depth=3)
+    ex.check_training_state_bytes(model, 16 * _n(model)).assert_passed()
+
+
+def test_training_state_bytes_names_the_missing_part() -> None:
+    model = models.MLP(d_in=300, d_hidden=700, d_out=5, depth=3)
+    n = _n(model)
+    assert "Adam" in str(ex.check_training_state_bytes(model, 8 * n))
+    assert "two tensors" in str(ex.check_training_state_bytes(model, 12 * n))
+    assert "only the parameters" in str(ex.check_training_state_bytes(model, 4 * n))
+    assert "number of weights" in str(ex.check_training_state_bytes(model, n))
+    assert not ex.check_training_state_bytes(model, 0).passed
+    assert not ex.check_training_state_bytes(model, 12345).passed
+
+
+def test_evaluate_leaky_loop_fails_with_the_reason() -> None:
+    def leaky(model, batches):
+        total = 0
+        for x, y in batches:
+            total += nn.functional.cross_entropy(model(x), y)
+        return total / len(batches)
+
+    fb = ex.check_evaluate(leaky)
+    assert not fb.passed
+    assert any("graph" in p for p in fb.problems)
+
+
+def test_evaluate_fixed_loops_pass() -> None:
+    def with_item(model, batches):
+        return sum(nn.functional.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
+
+    def with_no_grad(model, batches):
+        total = 0.0
+        with torch.no_grad():
+            for x, y in batches:
+                total += nn.functional.cross_entropy(model(x), y).item()
+        return total / len(batches)
+
+    ex.check_evaluate(with_item).assert_passed()
+    ex.check_evaluate(with_no_grad).assert_passed()
+
+
+def test_evaluate_wrong_value_and_leftover_memory_fail() -> None:
+    def wrong(model, batches):
+        return sum(nn.functional.cross_entropy(model(x), y).item() for x, y in batches)  # no mean
+
+    assert any("mean loss" in p for p in ex.check_evaluate(wrong).problems)
+
+    stash = []
+
+    def hoarder(model, batches):
+        total = 0.0
+        for x, y in batches:
+            out = model(x)
+            stash.append(out)  # keeps every output (and its graph) alive
+            total += nn.functional.cross_entropy(out, y).item()
+        return total / len(batches)
+
+    fb = ex.check_evaluate(hoarder)
+    assert not fb.passed and any("still alive" in p for p in fb.problems)
+
+
+def test_evaluate_that_raises_is_reported() -> None:
+    def broken(model, batches):
+        raise ValueError("boom")
+
+    fb = ex.check_evaluate(broken)
+    assert not fb.passed and "boom" in str(fb)

@@ -1,0 +1,296 @@
+"""tutorial_utils.gauges.LiveGauge: thread lifecycle, schedule, faults, display, plot."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import matplotlib
+import pytest
+from test_nvml import GiB, fake_nvml  # noqa: F401  (fixture)
+
+from tutorial_utils import gauges
+from tutorial_utils.gauges import MIN_PERIOD_S, LiveGauge, _Schedule
+from tutorial_utils.monitor import Reading, Source, SourceError
+
+matplotlib.use("Agg")
+MiB = 2**20
+
+
+class Counter(Source):
+    """A source whose reading grows by 1 MiB per read; fails when told to."""
+
+    name = "counter"
+
+    def __init__(self, fail_with: BaseException | None = None, fail_after: int = 0):
+        super().__init__()
+        self.reads = 0
+        self.fail_with = fail_with
+        self.fail_after = fail_after
+        self.closed = 0
+
+    def read(self):
+        self.reads += 1
+        if self.fail_with is not None and self.reads > self.fail_after:
+            raise self.fail_with
+        return [Reading("dev", used_bytes=self.reads * MiB, total_bytes=64 * MiB, peak_bytes=(self.reads + 1) * MiB)]
+
+    def close(self):
+        self.closed += 1
+
+
+def gauge_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "LiveGauge"]
+
+
+def wait_for(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def row_text(gauge: LiveGauge, label: str) -> str:
+    return next(r.text_html.value for r in gauge._rows.values() if r.label == label)
+
+
+# ------------------------------------------------------------------ parameters and display
+
+
+def test_period_below_minimum_is_rejected_with_a_clear_error():
+    assert MIN_PERIOD_S == 0.02 and LiveGauge(sources=[Counter()]).period_s == 0.2
+    with pytest.raises(ValueError, match=r"below the minimum of 0.02 s \(20 ms\)"):
+        LiveGauge(sources=[Counter()], period_s=0.01)
+    with pytest.raises(ValueError, match="number of seconds"):
+        LiveGauge(sources=[Counter()], period_s=float("nan"))
+    LiveGauge(sources=[Counter()], period_s=0.02)  # the minimum itself is fine
+
+
+def test_text_form_is_constant_while_values_change():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    first = gauge._repr_mimebundle_()
+    assert first["text/plain"] == "LiveGauge(period 20 ms; sources counter)"
+    assert "application/vnd.jupyter.widget-view+json" in first
+    with gauge:
+        assert wait_for(lambda: len(gauge.samples) >= 3)
+        during = gauge._repr_mimebundle_()["text/plain"]
+    assert during == first["text/plain"] == repr(gauge) == gauge._repr_mimebundle_()["text/plain"]
+
+
+# ------------------------------------------------------------------ thread lifecycle
+
+
+def test_start_twice_keeps_one_thread_and_stop_joins_it():
+    src = Counter()
+    gauge = LiveGauge(sources=[src], period_s=0.02)
+    assert gauge.start() is gauge
+    thread = gauge._thread
+    gauge.start()
+    assert gauge._thread is thread and len(gauge_threads()) == 1
+    gauge.stop()
+    assert not thread.is_alive() and not gauge.running and gauge_threads() == []
+    assert src.closed == 1
+    gauge.stop()  # stopping twice is harmless
+    assert src.closed == 1
+
+
+def test_hundred_start_stop_cycles_leave_no_thread():
+    before = threading.active_count()
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    for _ in range(100):
+        gauge.start()
+        gauge.stop()
+    assert gauge_threads() == []
+    assert threading.active_count() == before
+
+
+def test_context_manager_records_and_stops():
+    with LiveGauge(sources=[Counter()], period_s=0.02) as gauge:
+        assert gauge.running
+        assert wait_for(lambda: len(gauge.samples) >= 5)
+    assert not gauge.running
+    samples = gauge.samples
+    times = [s.t_s for s in samples]
+    assert times == sorted(times) and times[0] < 0.02  # the first sample is taken in start()
+    assert [s.used_bytes for s in samples] == [(i + 1) * MiB for i in range(len(samples))]
+    assert gauge.peaks == {"dev": (len(samples) + 1) * MiB}  # the exact peak, not the sampled one
+
+
+def test_start_begins_a_new_recording():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    with gauge:
+        wait_for(lambda: len(gauge.samples) >= 5)
+    with gauge:
+        pass
+    assert 1 <= len(gauge.samples) <= 3
+
+
+def test_forgotten_gauge_ends_its_thread():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02).start()
+    thread = gauge._thread
+    del gauge
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_kernel_exit_hook_stops_running_gauges():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02).start()
+    gauges._stop_all()  # what atexit runs when the kernel shuts down
+    assert not gauge.running and gauge_threads() == []
+
+
+# ------------------------------------------------------------------ schedule
+
+
+def test_schedule_is_drift_free_and_skips_late_ticks():
+    s = _Schedule(0.1, t0=100.0)
+    deadlines = []
+    for _ in range(50):  # each tick takes 30 ms: the deadlines must not move
+        deadlines.append(s.next)
+        s.advance(s.next + 0.03)
+    assert deadlines == pytest.approx([100.0 + 0.1 * k for k in range(1, 51)])
+    assert s.missed == 0
+    s.advance(s.next + 0.25)  # a tick that ran 250 ms late: skip the 2 due ticks, keep the grid
+    assert s.missed == 2
+    assert (s.next - 100.0) / 0.1 == pytest.approx(round((s.next - 100.0) / 0.1))
+
+
+def test_real_sampling_rate_matches_period():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.05)
+    t = time.monotonic()
+    with gauge:
+        time.sleep(1.0)
+    elapsed = time.monotonic() - t
+    n = len(gauge.samples)
+    assert n <= elapsed / 0.05 + 2  # never bunched up
+    assert n + gauge.missed_ticks >= 0.5 * elapsed / 0.05  # a loaded machine may skip a few
+
+
+# ------------------------------------------------------------------ faults
+
+
+def test_source_failing_mid_run_marks_its_row_and_the_rest_keep_going():
+    bad = Counter(fail_with=SourceError("NVML query failed: GPU is lost"), fail_after=2)
+    good = Counter()
+    good.name = "good"
+    gauge = LiveGauge(sources=[bad, good], period_s=0.02)
+    with gauge:
+        assert wait_for(lambda: good.reads >= 10)
+        assert gauge.running
+        text = row_text(gauge, "dev")  # bad's row (first created)
+    assert "unavailable: NVML query failed: GPU is lost" in text
+    failed = [s for s in gauge.samples if s.source == "counter" and s.error]
+    assert failed and failed[0].used_bytes is None
+    assert len([s for s in gauge.samples if s.source == "good"]) >= 10
+
+
+def test_unexpected_exception_in_a_source_is_shown_not_raised(capfd):
+    gauge = LiveGauge(sources=[Counter(fail_with=ZeroDivisionError("division by zero"))], period_s=0.02)
+    with gauge:
+        time.sleep(0.2)
+        assert gauge.running
+    assert "unavailable: ZeroDivisionError: division by zero" in row_text(gauge, "counter")
+    assert capfd.readouterr() == ("", "")
+
+
+def test_error_in_the_thread_shows_in_the_widget_and_prints_nothing(capfd, monkeypatch):
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args))
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    gauge.start()
+
+    def broken(force=False):
+        raise RuntimeError("widget comm closed")
+
+    monkeypatch.setattr(gauge, "_redraw", broken)
+    assert wait_for(lambda: gauge.error != "")
+    assert gauge.running  # it keeps sampling
+    assert "gauge error: RuntimeError: widget comm closed" in gauge._header.value
+    monkeypatch.undo()
+    gauge.stop()
+    assert hooked == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_broken_nvidia_smi_row_is_unavailable_and_psutil_keeps_running(broken_nvidia_smi):
+    gauge = LiveGauge(sources=["gputil", "psutil"], period_s=0.05)
+    with gauge:
+        assert wait_for(lambda: len([s for s in gauge.samples if s.label == "process"]) >= 3)
+    assert "unavailable: nvidia-smi gave output GPUtil cannot parse (GPUtil raised ValueError" in row_text(gauge, "gputil")
+    assert gauge.peaks["process"] > 0
+
+
+def test_no_gpu_rows_say_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    from tutorial_utils import nvml
+
+    if nvml.probe().available:
+        pytest.skip("this machine has an NVIDIA driver")
+    gauge = LiveGauge(sources=["nvml", "gputil", "psutil"], period_s=0.05)
+    with gauge:
+        pass
+    assert "unavailable: the NVIDIA driver's NVML library was not found" in row_text(gauge, "nvml").replace("&#x27;", "'")
+    assert "unavailable: nvidia-smi is not on PATH" in row_text(gauge, "gputil")
+    assert "used" in row_text(gauge, "process")
+
+
+def test_nvml_failing_mid_run_in_the_gauge(fake_nvml):  # noqa: F811
+    fake_nvml.fail_after = 4  # two full reads, then the GPU is lost
+    gauge = LiveGauge(sources=["nvml", "psutil"], period_s=0.02)
+    with gauge:
+        assert wait_for(lambda: len([s for s in gauge.samples if s.label == "process"]) >= 6)
+    assert "unavailable: NVML query failed: GPU is lost" in row_text(gauge, "NVML cuda:0 (NVIDIA A)")
+    assert gauge.peaks["NVML cuda:1 (NVIDIA B)"] == 3 * GiB
+    assert fake_nvml.init_calls == fake_nvml.shutdown_calls == 1
+
+
+def test_psutil_error_mid_run(monkeypatch):
+    import psutil
+
+    src = gauges.make_source("psutil")
+    gauge = LiveGauge(sources=[src], period_s=0.02)
+    with gauge:
+        def denied():
+            raise psutil.AccessDenied(0)
+
+        monkeypatch.setattr(src._proc, "memory_info", denied)
+        assert wait_for(lambda: "unavailable" in row_text(gauge, "process"))
+        assert gauge.running
+    assert "unavailable: psutil failed" in row_text(gauge, "process")
+
+
+# ------------------------------------------------------------------ widget and plot
+
+
+def test_bar_shows_used_reserved_and_peak_as_fractions():
+    html = gauges._bar_html(0.25, 0.5, 0.75)
+    assert "tu-gauge-used" in html and "width:25.0%" in html
+    assert "width:50.0%" in html and "left:75.0%" in html
+    assert "width:100.0%" in gauges._bar_html(3.0, 0, 0)  # clamped
+
+
+def test_widget_rows_update():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    with gauge:
+        first = row_text(gauge, "dev")
+        assert wait_for(lambda: row_text(gauge, "dev") != first)
+    assert "of 64.00 MiB" in row_text(gauge, "dev") and "peak" in row_text(gauge, "dev")
+    assert "stopped after" in gauge._header.value
+
+
+def test_plot_marks_the_peak():
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02)
+    with pytest.raises(RuntimeError, match="nothing recorded yet"):
+        gauge.plot()
+    with gauge:
+        wait_for(lambda: len(gauge.samples) >= 4)
+    ax = gauge.plot()
+    assert ax.get_ylabel() == "memory (MiB)" and "20 ms" in ax.get_title()
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("sampled peak") for t in texts)
+    assert any("allocator peak" in t.get_text() for t in ax.get_legend().get_texts())
+    matplotlib.pyplot.close(ax.figure)

@@ -1,0 +1,452 @@
+"""tutorial_utils.memory: exact CPU accounting, budgets, breakdown and estimate."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from tutorial_utils import devices, memory, models
+
+MiB = 2**20
+
+
+def mlp_160() -> nn.Module:
+    """The example in facts.md: Linear(1024, 4096) - ReLU - Linear(4096, 1024)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024))
+
+
+MLP_160_PARAMS = (1024 * 4096 + 4096 + 4096 * 1024 + 1024) * 4  # 32.02 MiB
+
+
+@pytest.fixture(autouse=True)
+def no_mode_left_behind():
+    yield
+    assert not _get_current_dispatch_mode_stack(), "a dispatch mode stayed pushed after the test"
+
+
+# --- measure --------------------------------------------------------------------------------
+
+
+def test_measure_counts_a_new_tensor_exactly():
+    with memory.measure("cpu") as m:
+        x = torch.empty(1024, 1024)
+    assert m.delta_bytes == 4 * MiB
+    assert m.peak_above_start_bytes == 4 * MiB
+    assert m.end_bytes - m.start_bytes == m.delta_bytes
+    del x
+
+
+def test_measure_sees_a_temporary_in_the_peak_only():
+    with memory.measure("cpu") as m:
+        y = torch.ones(1024, 256) * 2  # ones() is a 1 MiB temporary, y stays
+    assert m.delta_bytes == 1 * MiB
+    assert m.peak_above_start_bytes == 2 * MiB
+    del y
+
+
+def test_measure_sees_a_tensor_from_before_being_freed():
+    x = torch.zeros(512, 1024)  # 2 MiB, created before the block
+    with memory.measure("cpu") as m:
+        del x
+    assert m.delta_bytes == -2 * MiB
+    assert m.start_bytes >= 2 * MiB
+
+
+def test_views_and_in_place_ops_cost_nothing():
+    x = torch.zeros(1024, 1024)
+    with memory.measure("cpu") as m:
+        v = x[::2].unsqueeze(0)
+        x.add_(1)
+        t = x.t()
+    assert m.peak_above_start_bytes == 0
+    assert m.delta_bytes == 0
+    del v, t
+
+
+def test_backward_and_optimizer_memory_is_seen():
+    model = mlp_160()
+    with memory.measure("cpu") as m:
+        model(torch.randn(256, 1024)).sum().backward()
+    assert m.delta_bytes == MLP_160_PARAMS  # the gradients stay; activations are gone
+
+
+def test_measure_nests():
+    with memory.measure("cpu") as outer:
+        a = torch.empty(1024, 1024)  # 4 MiB
+        with memory.measure("cpu") as inner:
+            b = torch.empty(256, 1024)  # 1 MiB
+            del b
+        c = torch.empty(512, 1024)  # 2 MiB
+    assert inner.peak_above_start_bytes == 1 * MiB and inner.delta_bytes == 0
+    assert outer.delta_bytes == 6 * MiB
+    assert outer.peak_above_start_bytes == 6 * MiB
+    assert inner.start_bytes == outer.start_bytes + 4 * MiB
+    del a, c
+
+
+def test_measurement_reads_in_binary_units():
+    with memory.measure("cpu") as m:
+        x = torch.empty(3 * MiB, dtype=torch.uint8)
+    assert "delta +3.00 MiB" in repr(m) and "peak" in repr(m)
+    assert "<table>" in m._repr_html_() and "3.00 MiB" in m._repr_html_()
+    del x
+
+
+def test_measure_rejects_unknown_devices():
+    with pytest.raises(ValueError, match="not a device this course uses"):
+        with memory.measure("tpu"):
+            pass
+    with pytest.raises(ValueError, match="'cpu' and 'cuda'"):
+        with memory.measure("meta"):
+            pass
+
+
+@pytest.mark.skipif(devices.has_gpu(), reason="checks the message on a machine without CUDA")
+def test_measure_on_missing_cuda_says_why():
+    with pytest.raises(devices.DeviceUnavailableError, match="CUDA is not available"):
+        with memory.measure("cuda"):
+            pass
+
+
+# --- Tracker --------------------------------------------------------------------------------
+
+
+def test_tracker_runs_across_cells_and_resets_its_peak():
+    tracker = memory.Tracker("cpu").start()  # "cell 1"
+    x = torch.empty(1024, 1024)  # "cell 2"
+    del x
+    assert tracker.peak_bytes - tracker.start_bytes == 4 * MiB
+    assert tracker.current_bytes == tracker.start_bytes
+    tracker.reset_peak()
+    assert tracker.peak_bytes == tracker.current_bytes
+    y = torch.empty(256, 1024)
+    assert tracker.peak_bytes - tracker.start_bytes == 1 * MiB
+    tracker.stop()  # "cell 3"
+    assert not tracker.running
+    assert tracker.peak_bytes - tracker.start_bytes == 1 * MiB  # last readings are kept
+    assert "stopped" in repr(tracker)
+    del y
+
+
+def test_tracker_is_readable_from_another_thread():
+    readings: list[int] = []
+    stop = threading.Event()
+    with memory.Tracker("cpu") as tracker:
+
+        def poll():
+            while not stop.is_set():
+                readings.append(tracker.current_bytes - tracker.start_bytes)
+                time.sleep(0.001)
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        kept = []
+        for _ in range(20):
+            kept.append(torch.empty(256, 1024))  # +1 MiB each
+            time.sleep(0.002)
+        stop.set()
+        poller.join()
+        assert tracker.current_bytes - tracker.start_bytes == 20 * MiB
+    assert readings and max(readings) <= 20 * MiB and all(r % MiB == 0 for r in readings)
+    assert readings == sorted(readings)  # it only grew, so every reading was consistent
+
+
+def test_tracker_and_measure_share_one_counter():
+    with memory.Tracker("cpu") as tracker:
+        with memory.measure("cpu") as m:
+            x = torch.empty(1024, 1024)
+        assert len(_get_current_dispatch_mode_stack()) == 1
+        assert tracker.peak_bytes == m.peak_bytes
+    del x
+
+
+def test_tracker_misuse_is_one_sentence():
+    tracker = memory.Tracker("cpu").start()
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            tracker.start()
+        errors = []
+        t = threading.Thread(target=lambda: errors.append(_catch(tracker.stop)))
+        t.start()
+        t.join()
+        assert "from the thread that started it" in str(errors[0])
+    finally:
+        tracker.stop()
+
+
+def _catch(fn):
+    try:
+        fn()
+    except RuntimeError as exc:
+        return exc
+
+
+# --- budget ---------------------------------------------------------------------------------
+
+
+def test_budget_raises_the_real_oom_error_and_leaves_nothing_patched():
+    kept = []
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with memory.budget("8 MiB"):
+            kept.append(torch.ones(256, 1024))  # 1 MiB: fine
+            kept.append(torch.ones(4096, 1024) * 2)  # 16 MiB: over
+    message = str(info.value)
+    assert "Tried to allocate 16.00 MiB" in message and "Budget 8.00 MiB" in message
+    assert "already in use" in message
+    assert len(kept) == 1
+    assert not _get_current_dispatch_mode_stack()
+    big = torch.empty(64 * MiB, dtype=torch.uint8)  # no budget any more
+    del big, kept
+
+
+def test_budget_refuses_a_huge_factory_before_allocating_it():
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate 4.00 TiB"):
+        with memory.budget(64 * MiB):
+            torch.zeros(2**40, dtype=torch.float32)  # would fail for real without the budget
+
+
+def test_budget_counts_what_was_already_there():
+    resident = torch.empty(4 * MiB, dtype=torch.uint8)
+    with memory.measure("cpu") as m:
+        pass
+    limit = m.start_bytes + 2 * MiB
+    with memory.budget(limit):
+        a = torch.empty(1 * MiB, dtype=torch.uint8)
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(2 * MiB, dtype=torch.uint8)
+    del a, resident
+
+
+def test_budget_already_exceeded_at_entry():
+    resident = torch.empty(2 * MiB, dtype=torch.uint8)
+    with pytest.raises(torch.OutOfMemoryError, match="already in use before the block starts"):
+        with memory.budget(1 * MiB):
+            pass
+    del resident
+
+
+@pytest.mark.parametrize("bad", [0, -1, "0 MiB", "-5 MiB"])
+def test_budget_must_be_positive(bad):
+    with pytest.raises(ValueError, match="positive number of bytes"):
+        with memory.budget(bad):
+            pass
+
+
+def test_budget_rejects_an_unreadable_size():
+    with pytest.raises(ValueError, match="cannot read"):
+        with memory.budget("lots"):
+            pass
+
+
+# --- breakdown ------------------------------------------------------------------------------
+
+
+def test_breakdown_of_the_facts_example_is_exact():
+    b = memory.breakdown(mlp_160(), torch.randn(256, 1024), optimizer=torch.optim.Adam)
+    assert b.parameters == MLP_160_PARAMS
+    assert b.gradients == MLP_160_PARAMS
+    assert b.optimizer_state == 2 * MLP_160_PARAMS + 4 * 4  # exp_avg, exp_avg_sq, 4 float32 steps
+    assert b.inputs == 1 * MiB
+    assert b.activations == 256 * 4096 * 4  # ReLU's output, saved by ReLU and the second Linear
+    assert b.peak_phase == "optimizer step"
+    # facts.md: 160.09 MiB for parameters + the step; our peak also counts the 1 MiB input
+    assert round((b.peak - b.inputs) / MiB, 2) == 160.09
+
+
+def test_breakdown_counts_tied_weights_once():
+    model = models.TiedLM()
+    b = memory.breakdown(model, models.token_batch(4, vocab=2000))
+    assert b.parameters == sum(p.numel() * 4 for p in model.parameters())  # parameters() dedups
+    assert b.gradients == b.parameters
+
+
+def test_breakdown_puts_back_the_gradients_it_found():
+    model = models.MLP()
+    model(models.mlp_batch(4)).sum().backward()
+    before = {n: p.grad.clone() for n, p in model.named_parameters()}
+    memory.breakdown(model, models.mlp_batch(8))
+    assert all(torch.equal(p.grad, before[n]) for n, p in model.named_parameters())
+
+
+def test_breakdown_table_and_plot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    b = memory.breakdown(models.ConvNet(), models.image_batch(4), optimizer=torch.optim.SGD)
+    assert b.buffers > 0  # BatchNorm running statistics
+    text = repr(b)
+    assert "parameters" in text and "MiB" in text or "KiB" in text
+    html = b._repr_html_()
+    assert "features.0" in html and "Conv2d" in html
+    rows = {m.name: m for m in b.modules}
+    assert rows["features.0"].activations == 0  # it saves only the input and its weight
+    # the first ReLU saves its output; the second conv reads the same tensor, counted once
+    assert rows["features.2"].activations == 4 * 16 * 32 * 32 * 4
+    assert rows["features.3"].activations == 0 and rows["features.3"].parameters == 18560
+    ax = b.plot()
+    assert ax.get_xlabel() == "MiB" and ax.get_title()
+
+
+def test_breakdown_rejects_inputs_on_another_device():
+    with pytest.raises(ValueError, match="inputs are on meta but the model is on cpu"):
+        memory.breakdown(models.MLP(), torch.empty(4, 256, device="meta"))
+
+
+def test_breakdown_rejects_an_optimizer_instance():
+    model = models.MLP()
+    with pytest.raises(TypeError, match="not an optimizer instance"):
+        memory.breakdown(model, models.mlp_batch(4), optimizer=torch.optim.SGD(model.parameters()))
+
+
+def test_breakdown_needs_something_to_train():
+    model = models.MLP().requires_grad_(False)
+    with pytest.raises(ValueError, match="no parameter of this model requires grad"):
+        memory.breakdown(model, models.mlp_batch(4))
+
+
+def test_breakdown_of_a_meta_model_points_to_estimate():
+    with torch.device("meta"):
+        model = models.MLP()
+    with pytest.raises(ValueError, match="use memory.estimate"):
+        memory.breakdown(model, torch.empty(4, 256, device="meta"))
+
+
+# --- estimate -------------------------------------------------------------------------------
+
+
+def _same(a: memory.MemoryBreakdown, b: memory.MemoryBreakdown):
+    return a.as_dict() == b.as_dict() and a.peak_phase == b.peak_phase
+
+
+def test_estimate_equals_breakdown_for_the_facts_example():
+    x = torch.randn(256, 1024)
+    real = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam)
+    assert _same(memory.estimate(mlp_160(), x, optimizer=torch.optim.Adam), real)
+    assert _same(memory.estimate(mlp_160, (256, 1024), optimizer=torch.optim.Adam), real)
+    assert _same(memory.estimate(mlp_160, memory.spec((256, 1024)), optimizer=torch.optim.Adam), real)
+    with torch.device("meta"):
+        on_meta = mlp_160()
+    assert _same(memory.estimate(on_meta, (256, 1024), optimizer=torch.optim.Adam, device="cpu"), real)
+    assert memory.estimate(mlp_160, (256, 1024)).estimated and not real.estimated
+
+
+def test_estimate_allocates_nothing():
+    def big():  # 1 GiB of float32 parameters
+        return nn.Sequential(*[nn.Linear(8192, 8192, bias=False) for _ in range(4)])
+
+    with memory.measure("cpu") as m:
+        b = memory.estimate(big, (16, 8192), optimizer=torch.optim.AdamW, device="cpu")
+    assert b.parameters == 4 * 8192 * 8192 * 4
+    assert b.peak > 4 * b.parameters  # parameters + gradients + two AdamW buffers
+    assert m.peak_above_start_bytes < 1 * MiB
+
+
+def test_estimate_takes_token_inputs_and_several_inputs():
+    real = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.AdamW)
+    est = memory.estimate(models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.AdamW)
+    assert _same(est, real)
+
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(32, 8), nn.Linear(16, 8)
+
+        def forward(self, x, y):
+            return self.a(x) + self.b(y)
+
+    x, y = torch.randn(4, 32), torch.randn(4, 16)
+    assert _same(memory.estimate(TwoInputs, ((4, 32), (4, 16))), memory.breakdown(TwoInputs(), (x, y)))
+
+
+def test_estimate_leaves_the_model_untouched():
+    model = models.MLP()
+    before = [p.clone() for p in model.parameters()]
+    memory.estimate(model, models.mlp_batch(4), optimizer=torch.optim.SGD)
+    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters()))
+
+
+def test_estimate_names_the_module_whose_forward_fails():
+    class DataDependent(nn.Module):
+        def forward(self, x):
+            return x[: int(x.sum().item() > 0) + 1]  # needs real values
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.picky = DataDependent()
+
+        def forward(self, x):
+            return self.picky(self.lin(x))
+
+    with pytest.raises(memory.EstimateError, match=r"could not run picky \(DataDependent\) on fake tensors"):
+        memory.estimate(Net, (4, 8))
+
+
+def test_estimate_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="nn.Module or a function"):
+        memory.estimate(42, (4, 8))
+    with pytest.raises(TypeError, match="not an nn.Module"):
+        memory.estimate(lambda: "not a model", (4, 8))
+    with pytest.raises(ValueError, match="inputs are on meta but the model is on cpu"):
+        memory.estimate(models.MLP(), torch.empty(4, 256, device="meta"))
+    with pytest.raises(ValueError, match="not a device this course uses"):
+        memory.estimate(models.MLP, (4, 256), device="gpu0")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_estimate_agrees_for_low_precision_models(dtype):
+    real = memory.breakdown(models.MLP().to(dtype), models.mlp_batch(16).to(dtype), optimizer=torch.optim.AdamW)
+    est = memory.estimate(lambda: models.MLP().to(dtype), memory.spec((16, 256), dtype), optimizer=torch.optim.AdamW)
+    assert _same(est, real)
+    assert real.parameters == sum(p.numel() for p in models.MLP().parameters()) * 2
+
+
+def test_estimate_agrees_under_autocast():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        real = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam)
+        est = memory.estimate(models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.Adam)
+    plain = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam)
+    assert _same(est, real)
+    assert real.activations != plain.activations  # autocast really changed what was saved
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    batch=st.integers(1, 32),
+    d_in=st.integers(1, 96),
+    d_hidden=st.integers(1, 128),
+    depth=st.integers(2, 3),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    opt=st.sampled_from([None, torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW]),
+)
+def test_estimate_matches_breakdown_over_shapes_and_dtypes(batch, d_in, d_hidden, depth, dtype, opt):
+    def make():
+        return models.MLP(d_in=d_in, d_hidden=d_hidden, d_out=3, depth=depth).to(dtype)
+
+    real = memory.breakdown(make(), torch.randn(batch, d_in).to(dtype), optimizer=opt)
+    est = memory.estimate(make, memory.spec((batch, d_in), dtype), optimizer=opt)
+    for name in ("parameters", "gradients", "optimizer_state", "activations", "inputs"):
+        assert getattr(est, name) == getattr(real, name), name
+    assert abs(est.peak - real.peak) <= 0.03 * real.peak
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    batch=st.integers(1, 8),
+    channels=st.integers(1, 8),
+    size=st.integers(3, 12),
+    opt=st.sampled_from([None, torch.optim.SGD, torch.optim.AdamW]),
+)
+def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
+    real = memory.breakdown(models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt)
+    est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
+    assert est.as_dict() == real.as_dict()
