@@ -11,10 +11,16 @@
    widget update is also sent as a message.
 3. What the CPU torch source costs the code being watched: with no GPU it keeps
    ``tutorial_utils.memory``'s accountant on, which books every torch operator.
+4. ``--spikes``: short allocation spikes (about 20 ms each) and the share of them each poller
+   shows, against the allocator's exact peak (``memory.measure`` around every spike). On a GPU:
+   spikes of several GiB, GPUtil at its natural rate (back to back), NVML at 100 ms, the gauge
+   at its default 200 ms. On a CPU: spikes of 64 MiB (written, so RSS sees them), psutil RSS
+   at 100 ms and the gauge at 200 ms.
 
     python benchmarks/monitor_cost.py                 # about 30 s
     python benchmarks/monitor_cost.py --kernel        # overhead inside a Jupyter kernel too
     python benchmarks/monitor_cost.py --seconds 20    # longer overhead windows
+    python benchmarks/monitor_cost.py --spikes        # the spike-catching table (about 30 s)
 
 Figures depend on the machine and on whatever else runs on it: say where and when you
 measured them.
@@ -153,11 +159,133 @@ def tracker_cost_per_op(n: int = 3000) -> tuple[float, float]:
     return plain, tracked
 
 
+# --------------------------------------------------------------------------- spikes
+
+
+class Poller:
+    """Calls ``read()`` (-> bytes) every ``period_s`` (0: back to back) in a thread; keeps (t, bytes)."""
+
+    def __init__(self, name: str, read, period_s: float) -> None:
+        import threading
+
+        self.name, self.read, self.period_s = name, read, period_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            t = time.monotonic()
+            try:
+                self.samples.append((t, int(self.read())))
+            except Exception:  # a failed read is a missed sample, not a crash
+                pass
+            if self.period_s:
+                next_t += self.period_s
+                self._stop.wait(max(0.0, next_t - time.monotonic()))
+
+    def __enter__(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def seen(samples: list[tuple[float, int]], start: float, end: float, size: int, slack_s: float) -> bool:
+    """Did any sample inside the spike show at least half of it above the last sample before it?"""
+    before = [b for t, b in samples if t < start]
+    if not before:
+        return False
+    base = before[-1]
+    return any(b - base >= size // 2 for t, b in samples if start <= t <= end + slack_s)
+
+
+def spike_experiment(n: int = 30, seed: int = 0) -> None:
+    import random
+
+    from tutorial_utils import memory
+
+    rng = random.Random(seed)
+    gpu = devices.has_gpu()
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if gpu:
+        free, _ = torch.cuda.mem_get_info(0)
+        size = min(4 * 2**30, free // 4)
+    else:
+        size = 64 * 2**20
+    pollers: list[Poller] = []
+    if gpu:
+        import GPUtil
+
+        from tutorial_utils import nvml
+
+        uuid = next((u for u, i in nvml.cuda_uuids().items() if i == 0), None)
+
+        def gputil_used() -> int:
+            gpus = [g for g in GPUtil.getGPUs() if uuid is None or g.uuid == uuid]
+            return int(float(gpus[0].memoryUsed) * 2**20)
+
+        nv = monitor.NvmlSource()
+        nv.open()
+        if nv.available:
+            label = next((r.label for r in nv.read() if r.label.startswith("NVML cuda:0 ")), None)
+            pollers.append(Poller("NVML every 100 ms", lambda: next(r.used_bytes for r in nv.read() if r.label == label), 0.1))
+        pollers.append(Poller("GPUtil back to back", gputil_used, 0.0))
+    else:
+        proc = psutil.Process()
+        pollers.append(Poller("psutil RSS every 100 ms", lambda: proc.memory_info().rss, 0.1))
+    gauge = LiveGauge(sources=["torch"], period_s=0.2)
+    spikes: list[tuple[float, float]] = []
+    held_s: list[float] = []
+    exact_caught = 0
+    for p in pollers:
+        p.__enter__()
+    gauge.start()
+    try:
+        time.sleep(0.5)
+        for _ in range(n):
+            with memory.measure(device) as m:
+                start = time.monotonic()
+                x = torch.ones(size // 4, device=device)  # written: RSS and the driver see it
+                if gpu:
+                    torch.cuda.synchronize()
+                held = time.monotonic()  # the tensor exists (and is booked) from here
+                time.sleep(0.02)
+                del x
+                if gpu:
+                    torch.cuda.synchronize()
+                end = time.monotonic()
+            spikes.append((start, end))
+            held_s.append(end - held)
+            exact_caught += m.peak_above_start_bytes >= size
+            time.sleep(rng.uniform(0.15, 0.45))
+    finally:
+        gauge.stop()
+        for p in pollers:
+            p.__exit__()
+    t0 = gauge._t0
+    row = "cuda:0" if gpu else "cpu (exact)"
+    gauge_samples = [(t0 + s.t_s, s.used_bytes) for s in gauge.samples if s.label == row and s.used_bytes is not None]
+    durations = [e - s for s, e in spikes]
+    print(f"   {n} spikes of {size / 2**20:.0f} MiB on {device}: {1000 * statistics.median(durations):.0f} ms each "
+          f"from allocation to free, {1000 * statistics.median(held_s):.0f} ms of it after the op returned "
+          "(medians), 150-450 ms apart")
+    print(f"   {'poller':34s} {'samples':>8s} {'spikes shown':>13s}")
+    print(f"   {'allocator peak (memory.measure)':34s} {'-':>8s} {exact_caught:>7d} / {n}")
+    for name, samples in [(f"LiveGauge every 200 ms ({row})", gauge_samples)] + [(p.name, p.samples) for p in pollers]:
+        shown = sum(seen(samples, s, e, size, 0.0) for s, e in spikes)
+        print(f"   {name:34s} {len(samples):>8d} {shown:>7d} / {n}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", type=int, default=300, help="reads per source (GPUtil: a tenth)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each overhead window")
     parser.add_argument("--kernel", action="store_true", help="also measure the overhead inside a Jupyter kernel")
+    parser.add_argument("--spikes", action="store_true", help="also run the spike-catching comparison")
     args = parser.parse_args()
 
     gpu = devices.has_gpu()
@@ -184,10 +312,14 @@ def main() -> None:
     print("3. the CPU torch source keeps memory's accountant on while the gauge runs")
     print(f"   a small torch op: {plain * 1e6:.1f} us without, {tracked * 1e6:.1f} us with "
           f"(+{(tracked - plain) * 1e6:.1f} us per op)")
+    if args.spikes:
+        print()
+        print("4. short allocation spikes: how many does each poller show?")
+        spike_experiment()
     if not gpu:
         print()
-        print("No GPU on this machine: NVML and GPUtil cannot read, and the spike-catching comparison")
-        print("(GPUtil / NVML at 100 ms / the gauge against the allocator's exact peak) needs one. No GPU figures here.")
+        print("No GPU on this machine: NVML and GPUtil cannot read here, and the GPU version of the")
+        print("spike table (GPUtil / NVML at 100 ms / the gauge vs the allocator's peak) needs one. No GPU figures here.")
 
 
 if __name__ == "__main__":

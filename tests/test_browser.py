@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -52,13 +51,28 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture
-def browser_ready():
+def _skip_or_fail() -> None:
+    """Skip with the reason when the browser is missing; fail instead when CI is set."""
     reason = _missing()
     if reason:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the browser check cannot run: {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture
+def browser_ready():
+    _skip_or_fail()
+
+
+def test_missing_chromium_skips_locally_and_fails_in_ci(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys.modules[__name__], "CHROMIUM", str(tmp_path / "no-chromium"))
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="Chromium is not installed"):
+        _skip_or_fail()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI is set but the browser check cannot run"):
+        _skip_or_fail()
 
 
 def _free_port() -> int:
@@ -94,6 +108,16 @@ def _stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # a kernel that outlived the server
     except ProcessLookupError:
         pass
+
+
+def _descendants(proc: subprocess.Popen) -> list:
+    """The server's children (the kernel among them), to check they are gone afterwards."""
+    import psutil
+
+    try:
+        return psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _read_gauge(page) -> dict:
@@ -181,8 +205,11 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
             finally:
                 browser.close()
     finally:
+        started = _descendants(proc)
         _stop(proc)
     assert proc.poll() is not None
+    alive = [p for p in started if p.is_running() and p.status() != "zombie"]
+    assert not alive, f"processes left running: {alive}"
 
     assert "LiveGauge" in first["header"] and "running" in first["header"], first
     assert first["widths"] and len(first["widths"]) == len(second["widths"]), (first, second)

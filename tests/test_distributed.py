@@ -128,6 +128,19 @@ def test_hanging_rank_times_out_and_everything_is_reaped(tmp_path):
     _assert_no_survivors(tmp_path / "pids.txt", err.result.launcher_pid)
 
 
+def test_interrupting_the_cell_stops_every_process(tmp_path):
+    """The notebook's stop button raises KeyboardInterrupt inside launch: nothing may survive it."""
+
+    def press_stop(line: str) -> None:
+        if "going to sleep" in line:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        launch(_script(tmp_path, HANG), nproc=2, args=[tmp_path / "pids.txt"], timeout=120,
+               echo=press_stop)
+    _assert_no_survivors(tmp_path / "pids.txt", None)
+
+
 def test_busy_explicit_port_fails_at_once(tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]

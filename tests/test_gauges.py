@@ -54,7 +54,7 @@ def wait_for(cond, timeout=5.0):
 
 
 def row_text(gauge: LiveGauge, label: str) -> str:
-    return next(r.text_html.value for r in gauge._rows.values() if r.label == label)
+    return next(r.text for r in gauge._rows.values() if r.label == label)
 
 
 # ------------------------------------------------------------------ parameters and display
@@ -98,13 +98,13 @@ def test_start_twice_keeps_one_thread_and_stop_joins_it():
 
 
 def test_hundred_start_stop_cycles_leave_no_thread():
-    before = threading.active_count()
+    before = set(threading.enumerate())
     gauge = LiveGauge(sources=[Counter()], period_s=0.02)
     for _ in range(100):
         gauge.start()
         gauge.stop()
     assert gauge_threads() == []
-    assert threading.active_count() == before
+    assert set(threading.enumerate()) - before == set()  # no new thread (others may have ended)
 
 
 def test_context_manager_records_and_stops():
@@ -209,11 +209,35 @@ def test_error_in_the_thread_shows_in_the_widget_and_prints_nothing(capfd, monke
     monkeypatch.setattr(gauge, "_redraw", broken)
     assert wait_for(lambda: gauge.error != "")
     assert gauge.running  # it keeps sampling
-    assert "gauge error: RuntimeError: widget comm closed" in gauge._header.value
+    assert "gauge error: RuntimeError: widget comm closed" in gauge.widget.value
     monkeypatch.undo()
     gauge.stop()
     assert hooked == []
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_hung_source_does_not_hang_stop(monkeypatch):
+    release, hanging = threading.Event(), threading.Event()
+
+    class Hangs(Counter):
+        def read(self):
+            if self.reads >= 2:
+                hanging.set()
+                release.wait(10)  # nvidia-smi that never answers
+            return super().read()
+
+    monkeypatch.setattr(gauges, "_JOIN_TIMEOUT_S", 0.3)
+    gauge = LiveGauge(sources=[Hangs()], period_s=0.02).start()
+    thread = gauge._thread
+    assert hanging.wait(5)
+    t = time.monotonic()
+    gauge.stop()
+    assert time.monotonic() - t < 2
+    assert "did not stop" in gauge.error
+    assert len(gauge.samples) >= 1  # the lock is free: the data can still be read
+    release.set()
+    thread.join(5)
+    assert not thread.is_alive()
 
 
 def test_broken_nvidia_smi_row_is_unavailable_and_psutil_keeps_running(broken_nvidia_smi):
@@ -263,6 +287,22 @@ def test_psutil_error_mid_run(monkeypatch):
     assert "unavailable: psutil failed" in row_text(gauge, "process")
 
 
+def test_cpu_torch_row_is_exact_and_the_accountant_is_off_after_stop():
+    import torch
+
+    depth = torch._C._len_torch_dispatch_stack()
+    gauge = LiveGauge(sources=["torch"], period_s=0.02)
+    with gauge:
+        base = gauge.samples[0].used_bytes
+        x = torch.empty(8 * MiB, dtype=torch.uint8)
+        assert wait_for(lambda: gauge.samples[-1].used_bytes == base + 8 * MiB)
+        del x
+        assert wait_for(lambda: gauge.samples[-1].used_bytes == base)
+    assert gauge.samples[0].label == "cpu (exact)"
+    assert gauge.peaks["cpu (exact)"] >= base + 8 * MiB
+    assert torch._C._len_torch_dispatch_stack() == depth  # no accountant left on
+
+
 # ------------------------------------------------------------------ widget and plot
 
 
@@ -279,7 +319,7 @@ def test_widget_rows_update():
         first = row_text(gauge, "dev")
         assert wait_for(lambda: row_text(gauge, "dev") != first)
     assert "of 64.00 MiB" in row_text(gauge, "dev") and "peak" in row_text(gauge, "dev")
-    assert "stopped after" in gauge._header.value
+    assert "stopped after" in gauge.widget.value
 
 
 def test_plot_marks_the_peak():
@@ -294,3 +334,43 @@ def test_plot_marks_the_peak():
     assert any(t.startswith("sampled peak") for t in texts)
     assert any("allocator peak" in t.get_text() for t in ax.get_legend().get_texts())
     matplotlib.pyplot.close(ax.figure)
+
+
+# ------------------------------------------------------------------ headless notebooks
+
+
+@pytest.mark.slow
+def test_strict_nbval_passes_on_a_notebook_with_a_running_gauge(tmp_path):
+    """Execute a notebook with a live gauge, then compare it again with strict nbval."""
+    import subprocess
+    import sys
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [
+        "import time\nimport torch\nfrom tutorial_utils.gauges import LiveGauge\n"
+        "gauge = LiveGauge(period_s=0.05)\ngauge.start()",
+        "blocks = [torch.ones(2**18) for _ in range(20)]\ntime.sleep(0.5)\nprint('work done')",
+        "gauge.stop()\nlen(gauge.samples) > 5",
+        "gauge",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+
+    def plain(cell):
+        return [o.get("data", {}).get("text/plain") or o.get("text") for o in cell.outputs]
+
+    assert plain(nb.cells[0]) == ["LiveGauge(period 50 ms; sources torch, nvml, psutil)"]
+    assert plain(nb.cells[1]) == ["work done\n"]  # nothing from the gauge's thread
+    assert plain(nb.cells[2]) == ["True"]
+    assert plain(nb.cells[3]) == plain(nb.cells[0])
+    path = tmp_path / "gauge.ipynb"
+    nbformat.write(nb, path)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider", "-q", str(path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "4 passed" in run.stdout

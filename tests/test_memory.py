@@ -266,6 +266,9 @@ def test_breakdown_counts_tied_weights_once():
     b = memory.breakdown(model, models.token_batch(4, vocab=2000))
     assert b.parameters == sum(p.numel() * 4 for p in model.parameters())  # parameters() dedups
     assert b.gradients == b.parameters
+    rows = {m.name: m for m in b.modules}
+    assert rows["embed"].parameters == 2000 * 64 * 4 and rows["out"].parameters == 0  # the shared weight
+    assert sum(m.parameters for m in b.modules) == b.parameters
 
 
 def test_breakdown_puts_back_the_gradients_it_found():
@@ -370,7 +373,7 @@ def test_estimate_leaves_the_model_untouched():
     model = models.MLP()
     before = [p.clone() for p in model.parameters()]
     memory.estimate(model, models.mlp_batch(4), optimizer=torch.optim.SGD)
-    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters(), strict=True))
 
 
 def test_estimate_names_the_module_whose_forward_fails():
@@ -389,6 +392,12 @@ def test_estimate_names_the_module_whose_forward_fails():
 
     with pytest.raises(memory.EstimateError, match=r"could not run picky \(DataDependent\) on fake tensors"):
         memory.estimate(Net, (4, 8))
+
+
+def test_estimate_explains_a_shape_mismatch_without_a_traceback(capfd):
+    with pytest.raises(memory.EstimateError, match=r"could not run net.0 \(Linear\) on fake tensors: RuntimeError"):
+        memory.estimate(models.MLP, (4, 255))  # the MLP expects 256 features
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_estimate_rejects_bad_arguments():
@@ -450,3 +459,78 @@ def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
     real = memory.breakdown(models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt)
     est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
     assert est.as_dict() == real.as_dict()
+
+
+# --- CUDA paths, against a stand-in allocator (this CI has no GPU) ---------------------------
+
+
+class FakeAllocator:
+    """Just enough of torch.cuda's counters to check how measure() and budget() use them."""
+
+    def __init__(self):
+        self.allocated, self.peak, self.reserved = 0, 0, 0
+        self.fraction, self.fractions_set = 0.75, []
+
+    def alloc(self, n):
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+        self.reserved = max(self.reserved, self.allocated)
+
+    def install(self, monkeypatch):
+        cuda = torch.cuda
+        monkeypatch.setattr(memory, "_resolve", lambda device: torch.device("cuda", 0))
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+        monkeypatch.setattr(cuda, "memory_allocated", lambda *a: self.allocated)
+        monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: self.peak)
+        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: self.reserved)
+        monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: self.reserved)
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *a: setattr(self, "peak", self.allocated))
+        monkeypatch.setattr(cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30}))
+        monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda i: self.fraction, raising=False)
+        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", lambda f, i: self.fractions_set.append(f))
+
+
+def test_cuda_measure_keeps_the_outer_peak_when_an_inner_block_resets_it(monkeypatch):
+    gpu = FakeAllocator()
+    gpu.install(monkeypatch)
+    gpu.alloc(100)
+    with memory.measure("cuda") as outer:
+        gpu.alloc(50)
+        gpu.alloc(-50)  # outer peak: 150
+        with memory.measure("cuda") as inner:  # resets the allocator's peak
+            gpu.alloc(20)
+        gpu.alloc(-20)
+    assert (inner.start_bytes, inner.peak_bytes, inner.end_bytes) == (100, 120, 120)
+    assert (outer.start_bytes, outer.peak_bytes, outer.end_bytes) == (100, 150, 100)
+    assert outer.reserved_bytes == 150 and "reserved" in repr(outer)
+
+
+def test_cuda_budget_sets_the_memory_fraction_and_restores_it(monkeypatch):
+    gpu = FakeAllocator()
+    gpu.install(monkeypatch)
+    with pytest.raises(torch.OutOfMemoryError):
+        with memory.budget("8 GiB"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+    assert gpu.fractions_set == [0.1, 0.75]  # 8 of 80 GiB, then what it was before
+
+
+def test_cuda_tracker_reads_the_allocator(monkeypatch):
+    gpu = FakeAllocator()
+    gpu.install(monkeypatch)
+    tracker = memory.Tracker("cuda").start()
+    gpu.alloc(64)
+    gpu.alloc(-32)
+    assert (tracker.current_bytes, tracker.peak_bytes) == (32, 64)
+    tracker.reset_peak()
+    assert tracker.peak_bytes == 32
+    tracker.stop()
+    assert (tracker.current_bytes, tracker.peak_bytes) == (32, 32)
+
+
+def test_fake_tensors_never_count_against_real_memory():
+    with memory.measure("cpu") as m:
+        with memory.budget("1 MiB"):  # far below what the estimated step needs
+            b = memory.estimate(models.ConvNet, (64, 3, 32, 32), optimizer=torch.optim.Adam, device="cpu")
+    assert b.peak > 32 * MiB
+    assert m.peak_above_start_bytes < 64 * 1024  # a few real scalars at most

@@ -60,3 +60,13 @@ def test_three_figures_agree(name, batch, opt):
     row = bench.compare(name, batch, opt)
     assert abs(row.bd_err) <= 0.01, f"breakdown {row.breakdown} vs profiler {row.profiler}"
     assert abs(row.est_err) <= 0.03, f"estimate {row.estimate} vs breakdown {row.breakdown}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="oneDNN's LSTM keeps a workspace that its meta kernel reports as empty (estimate misses it) "
+    "and scratch buffers that never leave the operator (breakdown misses them); see the module docstring",
+)
+def test_lstm_is_the_known_gap():
+    row = bench.compare("LSTM", 8, "SGD")
+    assert abs(row.bd_err) <= 0.01 and abs(row.est_err) <= 0.03

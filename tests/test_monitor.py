@@ -194,12 +194,15 @@ def test_torch_source_on_cpu_counts_new_tensors_exactly():
 
 
 def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
+    peaks = {0: 3 * MiB, 1: 6 * MiB}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda i=None: None)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i=None: (i + 1) * MiB)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i=None: (i + 1) * 2 * MiB)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i=None: (i + 1) * 3 * MiB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i=None: peaks[i])
     src = TorchSource()
     src.open()
+    assert src.available, src.reason
     rows = src.read()
     assert [r.label for r in rows] == ["cuda:0", "cuda:1"]
     assert (rows[1].used_bytes, rows[1].reserved_bytes, rows[1].peak_bytes) == (2 * MiB, 4 * MiB, 6 * MiB)
@@ -209,5 +212,6 @@ def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "memory_allocated", lost)
-    with pytest.raises(SourceError, match="torch.cuda could not read cuda:0"):
+    with pytest.raises(SourceError, match="torch could not read cuda:0"):
         src.read()
+    src.close()

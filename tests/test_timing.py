@@ -7,6 +7,8 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tutorial_utils import timing
 from tutorial_utils.devices import DeviceUnavailableError
@@ -240,3 +242,12 @@ def test_default_device_is_the_gpu_when_there_is_one(fake_cuda, monkeypatch):
     assert t.device == torch.device("cuda", 1)
     assert sync.call_count == 1 + 2 * 3  # after warm-up, then before and after each sample
     assert all(call.args == (torch.device("cuda", 1),) for call in sync.call_args_list)
+
+
+@given(st.lists(st.floats(min_value=1e-9, max_value=1e3), min_size=1, max_size=50))
+def test_summary_statistics_are_consistent(samples):
+    t = _cpu_timing("t", tuple(samples))
+    assert t.min <= t.median <= t.max
+    assert t.min <= t.mean * (1 + 1e-12) and t.mean <= t.max * (1 + 1e-12)
+    assert t.stdev >= 0
+    assert format_seconds(t.median).split()[-1] in ("s", "ms", "us", "ns")

@@ -11,7 +11,15 @@ Show it, start it, run the heavy code, stop it, look at the timeline::
     gauge.plot();                # the recorded timeline, peak marked
     gauge.samples[-1]            # the data, one Sample per row per tick
 
-or ``with LiveGauge() as gauge: ...`` around one block.
+or around one heavy cell (``display`` shows it while the cell runs)::
+
+    with LiveGauge(period_s=0.1) as gauge:
+        display(gauge)
+        train(model, steps=200)
+    gauge.plot();
+
+One core ipywidget (``HTML``), so it draws in JupyterLab, Notebook 7,
+VS Code and Colab.
 
 Each row is one device (or the process / system for psutil): a bar filled to the used bytes
 (dark) and the reserved bytes (light, torch on CUDA), a red marker at the peak, and the numbers
@@ -22,8 +30,8 @@ How it behaves:
 
 * One daemon thread samples every ``period_s`` seconds (default 0.2, minimum 0.02) on a
   monotonic, drift-free schedule (``next += period``); ticks that come too late are skipped
-  and counted in ``missed_ticks``, never bunched up. The widgets are redrawn at most 10 times a
-  second; faster sampling still records every sample and every peak.
+  and counted in ``missed_ticks``, never bunched up. The widget is redrawn at most 10 times a
+  second, as one message; faster sampling still records every sample and every peak.
 * ``start()`` twice does not start a second thread; ``stop()`` joins it. The thread also ends
   when the gauge is garbage-collected or the kernel exits.
 * A source that fails (no driver, NVML failing mid-run, a broken ``nvidia-smi``, a psutil
@@ -32,6 +40,11 @@ How it behaves:
   since ipykernel 7, a thread's prints land in whichever cell ran last.
 * Headless (nbval, nbconvert): the text form of the display is constant
   (``LiveGauge(period 200 ms; sources torch, nvml, psutil)``), so strict comparison passes.
+
+Cost: at 10 Hz the thread takes about 1% of one core (``benchmarks/monitor_cost.py``). On a
+machine without CUDA the ``torch`` row keeps ``tutorial_utils.memory``'s exact accountant on
+while the gauge runs, which adds tens of microseconds to every torch operator of the notebook;
+``LiveGauge(sources=['psutil'])`` watches without it.
 
 Any poller, this one included, sees memory only at its ticks: a spike shorter than the period
 can fall between two samples. The torch allocator's peak counter (the red marker on the torch
@@ -59,6 +72,7 @@ __all__ = ["LiveGauge", "Sample", "MIN_PERIOD_S", "DEFAULT_PERIOD_S"]
 DEFAULT_PERIOD_S = 0.2
 MIN_PERIOD_S = 0.02
 _REDRAW_MIN_S = 0.1  # widgets are redrawn at most 10 times a second
+_JOIN_TIMEOUT_S = 5.0  # stop() waits this long (or 10 periods) for a read in progress
 _DEFAULT_SOURCES = ("torch", "nvml", "psutil")
 
 
@@ -98,13 +112,11 @@ class _Schedule:
 class _Row:
     source: str
     label: str
-    widget: Any
-    name_html: Any
-    bar_html: Any
-    text_html: Any
     last: Reading | None = None
     error: str = ""
     peak_bytes: int = 0  # max over samples of used and of the allocator's peak
+    bar: str = ""  # the row's HTML as last drawn
+    text: str = ""
 
 
 def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) -> str:
@@ -225,37 +237,37 @@ class LiveGauge:
     def _build_widget(self) -> None:
         import ipywidgets as w
 
-        self._header = w.HTML(value=self._header_html("not started: call .start()"))
-        self._box = w.VBox([self._header], layout=w.Layout(width="100%"))
+        # One HTML widget for the whole gauge: one message per redraw, whatever the row count.
+        self._state = "not started: call .start()"
+        self._html = w.HTML(value=self._render(), layout=w.Layout(width="100%"))
 
     @property
     def widget(self) -> Any:
-        """The ipywidgets box (display the gauge itself in notebooks; its text form is stable)."""
-        return self._box
+        """The ipywidgets HTML widget (display the gauge itself: its text form is stable)."""
+        return self._html
 
-    def _header_html(self, state: str) -> str:
+    def _render(self) -> str:
         names = ", ".join(s.name for s in self.sources)
-        err = (
-            f'<br><span class="tu-gauge-error" style="color:#b00">gauge error: {html.escape(self.error)}</span>'
-            if self.error
-            else ""
-        )
-        return (
-            f'<span class="tu-gauge-header"><b>LiveGauge</b> · every {self.period_s * 1000:.0f} ms · '
-            f"{names} · <span class=\"tu-gauge-state\">{html.escape(state)}</span></span>{err}"
-        )
+        parts = [
+            '<div class="tu-gauge" style="font-size:13px;line-height:1.5">',
+            f'<div class="tu-gauge-header"><b>LiveGauge</b> · every {self.period_s * 1000:.0f} ms · '
+            f'{html.escape(names)} · <span class="tu-gauge-state">{html.escape(self._state)}</span></div>',
+        ]
+        if self.error:
+            parts.append(f'<div class="tu-gauge-error" style="color:#b00">gauge error: {html.escape(self.error)}</div>')
+        for row in self._rows.values():
+            parts.append(
+                '<div class="tu-gauge-row" style="display:flex;align-items:center;gap:10px;margin:2px 0">'
+                f'<div style="flex:0 0 14em;font-weight:bold;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">{html.escape(row.label)}</div>'
+                f'<div style="flex:0 0 35%">{row.bar}</div>'
+                f'<div style="flex:1 1 auto">{row.text}</div></div>'
+            )
+        parts.append("</div>")
+        return "".join(parts)
 
     def _new_row(self, source: str, label: str) -> _Row:
-        import ipywidgets as w
-
-        name = w.HTML(value=f"<b>{html.escape(label)}</b>", layout=w.Layout(width="16em"))
-        bar = w.HTML(value=_bar_html(0, 0, 0), layout=w.Layout(width="35%"))
-        text = w.HTML(value=_row_text(None, 0, ""), layout=w.Layout(flex="1"))
-        box = w.HBox([name, bar, text], layout=w.Layout(width="100%"))
-        box.add_class("tu-gauge-row")
-        row = _Row(source, label, box, name, bar, text)
+        row = _Row(source, label, bar=_bar_html(0, 0, 0), text=_row_text(None, 0, ""))
         self._rows[(source, label)] = row
-        self._box.children = (*self._box.children, box)
         return row
 
     def _redraw(self, force: bool = False) -> None:
@@ -266,38 +278,40 @@ class LiveGauge:
         for row in list(self._rows.values()):
             r = row.last
             if row.error or r is None or r.used_bytes is None:
-                bar = _bar_html(0, 0, 0, muted=True)
+                row.bar = _bar_html(0, 0, 0, muted=True)
             else:
                 scale = r.total_bytes or max(row.peak_bytes, r.reserved_bytes or 0, r.used_bytes, 1)
-                bar = _bar_html(r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale)
-            text = _row_text(r, row.peak_bytes, row.error)
-            if row.bar_html.value != bar:  # send only what changed: each update is a message
-                row.bar_html.value = bar
-            if row.text_html.value != text:
-                row.text_html.value = text
+                row.bar = _bar_html(r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale)
+            row.text = _row_text(r, row.peak_bytes, row.error)
         if self.running:
-            state = f"running {now - self._t0:.1f} s"
+            self._state = f"running {now - self._t0:.0f} s"
         else:
-            state = f"stopped after {self._elapsed_s:.1f} s, {len(self._samples)} samples"
-        self._header.value = self._header_html(state)
+            self._state = f"stopped after {self._elapsed_s:.1f} s, {len(self._samples)} samples"
+        value = self._render()
+        if self._html.value != value:  # each change is one message to the front end
+            self._html.value = value
 
     # ------------------------------------------------------------------ sampling
 
     def _tick(self) -> None:
         """Read every source once, record the samples, redraw if due. Runs in the thread."""
         t = time.monotonic() - self._t0
+        # Read without the lock: a source that hangs must not block stop() or samples.
+        results: list[tuple[Source, list[Reading] | None, str]] = []
+        for src in self.sources:
+            if not src.available:
+                results.append((src, None, src.reason))
+                continue
+            try:
+                results.append((src, src.read(), ""))
+            except SourceError as exc:
+                results.append((src, None, str(exc)))
+            except Exception as exc:  # a source bug must not stop the other rows
+                results.append((src, None, f"{type(exc).__name__}: {exc}"))
         with self._lock:
-            for src in self.sources:
-                if not src.available:
-                    self._mark_failed(src.name, src.reason, t, record=False)
-                    continue
-                try:
-                    readings = src.read()
-                except SourceError as exc:
-                    self._mark_failed(src.name, str(exc), t)
-                    continue
-                except Exception as exc:  # a source bug must not stop the other rows
-                    self._mark_failed(src.name, f"{type(exc).__name__}: {exc}", t)
+            for src, readings, error in results:
+                if readings is None:
+                    self._mark_failed(src.name, error, t, record=src.available)
                     continue
                 for r in readings:
                     row = self._rows.get((src.name, r.label)) or self._new_row(src.name, r.label)
@@ -322,7 +336,8 @@ class LiveGauge:
         """An unexpected error in the thread: keep it, show it in the widget, print nothing."""
         self.error = f"{type(exc).__name__}: {exc}"
         try:
-            self._header.value = self._header_html("running, with an error")
+            self._state = "running, with an error"
+            self._html.value = self._render()
         except Exception:
             pass
 
@@ -361,7 +376,10 @@ class LiveGauge:
             self._stop = threading.Event()
             self._schedule = _Schedule(self.period_s, self._t0)
             self._last_redraw = -math.inf
-            self._tick()
+            try:
+                self._tick()  # the first sample now, so the rows appear at once
+            except Exception as exc:
+                self._fault(exc)
             self._thread = threading.Thread(
                 target=_run,
                 args=(weakref.ref(self), self._stop, self._schedule),
@@ -378,7 +396,7 @@ class LiveGauge:
             return self
         self._stop.set()
         if thread is not threading.current_thread():
-            thread.join(timeout=max(5.0, 10 * self.period_s))
+            thread.join(timeout=max(_JOIN_TIMEOUT_S, 10 * self.period_s))
         with self._lock:
             self._thread = None
             self._elapsed_s = time.monotonic() - self._t0
@@ -430,6 +448,7 @@ class LiveGauge:
             raise ValueError(f"no samples for {list(labels or [])}; recorded rows: {sorted({s.label for s in samples})}")
         top = max(max(s.used_bytes or 0, s.peak_bytes or 0) for ss in by_label.values() for s in ss)
         unit_name, unit = next(((n, 2.0**p) for n, p in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if top >= 2.0**p), ("B", 1.0))
+        own_figure = ax is None
         if ax is None:
             _, ax = plt.subplots(figsize=(8, 3.5))
         for label, ss in by_label.items():
@@ -438,8 +457,10 @@ class LiveGauge:
             (line,) = ax.plot(t, y, label=label, lw=1.4)
             k = max(range(len(y)), key=y.__getitem__)
             ax.plot([t[k]], [y[k]], marker="v", color=line.get_color(), ms=8)
+            right = t[k] > 0.6 * t[-1]  # keep the label inside the axes
             ax.annotate(f"sampled peak {format_bytes(ss[k].used_bytes)}", (t[k], y[k]),
-                        textcoords="offset points", xytext=(4, 6), fontsize=8, color=line.get_color())
+                        textcoords="offset points", xytext=(-6 if right else 6, 6),
+                        ha="right" if right else "left", fontsize=8, color=line.get_color())
             exact = max((s.peak_bytes or 0) for s in ss)
             if exact:
                 ax.axhline(exact / unit, color=line.get_color(), ls="--", lw=1,
@@ -447,8 +468,10 @@ class LiveGauge:
         ax.set_xlabel("time since start (s)")
         ax.set_ylabel(f"memory ({unit_name})")
         ax.set_title(f"LiveGauge timeline, one sample every {self.period_s * 1000:.0f} ms")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.15 * top / unit)  # room for the peak labels
         ax.legend(fontsize=8, loc="best")
+        if own_figure:
+            ax.figure.tight_layout()
         return ax
 
     # ------------------------------------------------------------------ display
@@ -459,7 +482,7 @@ class LiveGauge:
         return f"LiveGauge(period {self.period_s * 1000:.0f} ms; sources {names})"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
-        bundle = dict(self._box._repr_mimebundle_(**kwargs) or {})
+        bundle = dict(self._html._repr_mimebundle_(**kwargs) or {})
         bundle["text/plain"] = repr(self)
         return bundle
 

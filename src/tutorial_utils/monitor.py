@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,100 +129,90 @@ def _cuda_count() -> int:
 
 
 class TorchSource(Source):
-    """The PyTorch allocator: exact bytes held by tensors.
+    """The PyTorch allocator: exact bytes held by tensors, from ``tutorial_utils.memory.Tracker``.
 
-    On CUDA, one row per device: ``memory_allocated`` (used), ``memory_reserved`` and the peak
-    of ``memory_allocated``. ``reset_peak=True`` resets the allocator's peak counters when the
-    source opens, so the peak is "since the gauge started".
+    On CUDA, one row per device (``cuda:0``, ...): ``memory_allocated`` (used),
+    ``memory_reserved`` (the cached pool), the total, and the exact peak since ``open()``
+    (the allocator's peak counter, kept honest when ``memory.measure`` blocks nest inside).
 
-    Without CUDA, one row ``cpu (exact)`` from a :class:`tutorial_utils.memory.Tracker` started
-    in ``open()`` and stopped in ``close()``: bytes of live CPU tensor storage and their exact
-    peak since ``open()``. The tracker counts the tensors of the thread that called ``open()``
-    (a notebook's cells all run on its main thread), so open and close it from that thread.
+    Without CUDA, one row ``cpu (exact)``: bytes of live CPU tensor storage and their exact
+    peak, booked by memory's accountant at every operator. It counts the tensors of the thread
+    that called ``open()`` (a notebook runs all its cells on its main thread), so open and
+    close the source from that thread -- ``LiveGauge.start()`` / ``stop()`` do. The first
+    ``open()`` in a process takes a few seconds on a CPU: the first operator under a torch
+    dispatch mode imports ``torch._dynamo``.
     """
 
     name = "torch"
 
-    def __init__(self, reset_peak: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.reset_peak = reset_peak
-        self._devices: list[int] = []
-        self._totals: dict[int, int | None] = {}
-        self._tracker: Any = None
+        self._trackers: list[tuple[str, Any]] = []  # (row label, memory.Tracker)
+        self._totals: dict[str, int | None] = {}
 
     def open(self) -> None:
+        import torch
+
         try:
-            import torch
-        except ImportError:  # pragma: no cover - torch is a dependency
-            self.available, self.reason = False, "torch is not installed"
-            return
-        self._devices = list(range(_cuda_count()))
-        if self._devices:
-            for i in self._devices:
-                try:
-                    self._totals[i] = int(torch.cuda.get_device_properties(i).total_memory)
-                except Exception:
-                    self._totals[i] = None
-                if self.reset_peak:
-                    try:
-                        torch.cuda.reset_peak_memory_stats(i)
-                    except Exception:
-                        pass
-            self.available, self.reason = True, ""
-            return
-        try:
-            from . import memory
+            from .memory import Tracker
         except ImportError as exc:
             self.available, self.reason = False, f"tutorial_utils.memory could not be imported ({exc})"
             return
-        tracker_cls = getattr(memory, "Tracker", None)
-        if tracker_cls is None:
-            self.available, self.reason = False, "tutorial_utils.memory has no Tracker yet"
-            return
-        try:
-            self._tracker = tracker_cls("cpu")
-            self._tracker.start()
-        except Exception as exc:
-            self._tracker = None
-            self.available, self.reason = False, f"the CPU memory tracker failed to start ({exc})"
-            return
+        n = _cuda_count()
+        labels = [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+        self._trackers = []
+        for label in labels:
+            try:
+                tracker = Tracker(label).start()
+            except Exception as exc:
+                self.close()
+                self.available, self.reason = False, f"the {label} memory tracker failed to start ({exc})"
+                return
+            self._trackers.append((label, tracker))
+            if label == "cpu":
+                # The first operator run under a dispatch mode imports torch._dynamo (seconds,
+                # once per process): pay it here, in start(), not in the learner's next cell.
+                torch.zeros(1)
+            if label.startswith("cuda"):
+                try:
+                    self._totals[label] = int(torch.cuda.get_device_properties(int(label[5:])).total_memory)
+                except Exception:
+                    self._totals[label] = None
         self.available, self.reason = True, ""
 
     def read(self) -> list[Reading]:
         if not self.available:
             raise SourceError(self.reason)
-        if self._tracker is not None:
-            try:
-                current = int(self._tracker.current_bytes)
-                peak = int(self._tracker.peak_bytes)
-            except Exception as exc:
-                raise SourceError(f"the CPU memory tracker failed: {exc}") from exc
-            return [Reading("cpu (exact)", used_bytes=current, peak_bytes=peak, note="tensor storage")]
         import torch
 
         out = []
-        for i in self._devices:
+        for label, tracker in self._trackers:
             try:
+                if label == "cpu":
+                    out.append(Reading("cpu (exact)", used_bytes=int(tracker.current_bytes),
+                                       peak_bytes=int(tracker.peak_bytes), note="tensor storage"))
+                    continue
+                index = int(label[5:])
                 out.append(
                     Reading(
-                        f"cuda:{i}",
-                        used_bytes=int(torch.cuda.memory_allocated(i)),
-                        reserved_bytes=int(torch.cuda.memory_reserved(i)),
-                        total_bytes=self._totals.get(i),
-                        peak_bytes=int(torch.cuda.max_memory_allocated(i)),
+                        label,
+                        used_bytes=int(torch.cuda.memory_allocated(index)),
+                        reserved_bytes=int(torch.cuda.memory_reserved(index)),
+                        total_bytes=self._totals.get(label),
+                        peak_bytes=int(tracker.peak_bytes),
                     )
                 )
             except Exception as exc:  # a CUDA error (device lost, driver reset)
-                raise SourceError(f"torch.cuda could not read cuda:{i}: {exc}") from exc
+                raise SourceError(f"torch could not read {label}: {exc}") from exc
         return out
 
     def close(self) -> None:
-        if self._tracker is not None:
+        for _, tracker in reversed(self._trackers):
             try:
-                self._tracker.stop()
-            except Exception:
+                tracker.stop()
+            except Exception:  # stopped from another thread, or the device is gone
                 pass
-            self._tracker = None
+        self._trackers = []
 
 
 # --------------------------------------------------------------------------- NVML
@@ -374,6 +365,7 @@ class PsutilSource(Source):
         self.pid = pid
         self._proc: Any = None
         self._psutil: Any = None
+        self._cpu_mark = (0.0, 0.0)  # (process CPU seconds, monotonic seconds) at the last read
 
     def open(self) -> None:
         try:
@@ -385,6 +377,7 @@ class PsutilSource(Source):
             self._proc = psutil.Process(self.pid if self.pid is not None else os.getpid())
             self._proc.cpu_percent(None)  # prime the CPU counters
             psutil.cpu_percent(None)
+            self._cpu_mark = (time.process_time(), time.monotonic())
         except psutil.Error as exc:
             self.available, self.reason = False, f"psutil cannot see the process: {exc}"
             return
@@ -397,7 +390,7 @@ class PsutilSource(Source):
         psutil = self._psutil
         try:
             rss = int(self._proc.memory_info().rss)
-            proc_cpu = float(self._proc.cpu_percent(None))
+            proc_cpu = self._own_cpu_pct() if self.pid is None else float(self._proc.cpu_percent(None))
             vm = psutil.virtual_memory()
             sys_cpu = float(psutil.cpu_percent(None))
         except psutil.Error as exc:
@@ -406,6 +399,15 @@ class PsutilSource(Source):
             Reading("process", used_bytes=rss, total_bytes=int(vm.total), utilization_pct=proc_cpu, note="RSS"),
             Reading("system", used_bytes=int(vm.total - vm.available), total_bytes=int(vm.total), utilization_pct=sys_cpu),
         ]
+
+
+    def _own_cpu_pct(self) -> float:
+        # This process's CPU time from the C library clock: a few microseconds, where
+        # psutil's cpu_percent() parses /proc (about 100 us) -- it adds up at 10 Hz.
+        cpu, wall = time.process_time(), time.monotonic()
+        last_cpu, last_wall = self._cpu_mark
+        self._cpu_mark = (cpu, wall)
+        return 100.0 * (cpu - last_cpu) / (wall - last_wall) if wall > last_wall else 0.0
 
 
 # --------------------------------------------------------------------------- factory

@@ -86,9 +86,9 @@ def _decode(value) -> str:
 
 def cuda_uuids() -> dict[str, int]:
     """Map 'GPU-xxxx' UUIDs to torch's CUDA index (empty without CUDA)."""
-    from .devices import gpu_count
-
     import torch
+
+    from .devices import gpu_count
 
     out = {}
     for i in range(gpu_count()):

@@ -16,7 +16,7 @@ gauge.start()
 # %%
 # About 30 s of work: grow to 12 blocks of 8 MiB (written, so RSS grows too), free, repeat.
 blocks = []
-for step in range(300):
+for _ in range(300):
     blocks.append(torch.ones(2 * 2**20))  # 2 Mi float32 = 8 MiB
     if len(blocks) == 12:
         blocks = []

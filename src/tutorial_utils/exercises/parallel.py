@@ -66,9 +66,12 @@ def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
         for m in (1, 2, 4, 16, 64):
             want = (p - 1) / (m + p - 1)
             try:
-                got = float(bubble(p, m))
+                got = bubble(p, m)
             except Exception as exc:  # the learner's code: report any error as feedback
                 fb.expect(False, f"bubble({p}, {m}) raised {type(exc).__name__}: {exc}")
+                return fb
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                fb.expect(False, f"bubble({p}, {m}) returned {got!r}: return a number between 0 and 1")
                 return fb
             if abs(got - want) > 1e-9:
                 wrong.append(f"bubble({p}, {m}) = {got:.4f}, expected {want:.4f}")
