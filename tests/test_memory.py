@@ -394,10 +394,10 @@ def test_estimate_names_the_module_whose_forward_fails():
         memory.estimate(Net, (4, 8))
 
 
-def test_estimate_explains_a_shape_mismatch_without_a_traceback(capfd):
+def test_estimate_explains_a_shape_mismatch_without_a_traceback(caplog):
     with pytest.raises(memory.EstimateError, match=r"could not run net.0 \(Linear\) on fake tensors: RuntimeError"):
         memory.estimate(models.MLP, (4, 255))  # the MLP expects 256 features
-    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
 
 
 def test_estimate_rejects_bad_arguments():

@@ -179,15 +179,20 @@ def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
         tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)  # torchrun's own group (start_new_session below)
+    if hasattr(os, "killpg"):  # POSIX: torchrun's own group (start_new_session below)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    else:  # Windows has no process groups of this kind
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(proc.pid).terminate()
     _, alive = psutil.wait_procs(tree, timeout=grace)
     for p in alive:  # workers first would leave zombies under a dead parent: kill all, then reap
         with contextlib.suppress(psutil.Error):
             p.kill()
     for p in alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-            os.killpg(p.pid, signal.SIGKILL)  # a worker's own children (its session)
+        if hasattr(os, "killpg"):
+            with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
+                os.killpg(p.pid, signal.SIGKILL)  # a worker's own children (its session)
     psutil.wait_procs(alive, timeout=grace)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)

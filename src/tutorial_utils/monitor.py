@@ -1,6 +1,7 @@
 """Live readings of memory and utilization, from four sources behind one small interface.
 
-Every source answers the same three questions:
+Every source has a ``name`` and the same life cycle (``open()``, ``read()`` as often as
+needed, ``close()``), and answers two questions:
 
 * ``available`` / ``reason``: can it read anything on this machine, and if not, why not
   (one sentence: "no NVIDIA driver", "nvidia-smi not found", ...).
