@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test unit nbval lint format execute gpu-check lock clean
+.PHONY: lab test unit nbval lint format execute gpu-check lock clean browser-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -23,9 +23,13 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(BIN)/python -m tutorial_utils lab $(if $(NO_BROWSER),--no-browser,)
 
-test: $(STAMP)
+test: $(STAMP) browser-deps
 	$(MAKE) lint
 	$(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
+
+# The browser test drives JupyterLab in Debian's Chromium: install it with apt when missing (as root).
+browser-deps:
+	-@sh scripts/ensure_chromium.sh
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile

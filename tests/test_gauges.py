@@ -143,6 +143,21 @@ def test_kernel_exit_hook_stops_running_gauges():
     assert not gauge.running and gauge_threads() == []
 
 
+def test_interpreter_exits_with_a_running_gauge(tmp_path):
+    """A kernel shutting down with a gauge still running: the process ends, quietly."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tutorial_utils.gauges import LiveGauge\n"
+        "gauge = LiveGauge(sources=['psutil'], period_s=0.02).start()\n"
+        "import time; time.sleep(0.2)\n"
+        "print('started', gauge.running)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "started True\n", "")
+
+
 # ------------------------------------------------------------------ schedule
 
 

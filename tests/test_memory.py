@@ -534,3 +534,20 @@ def test_fake_tensors_never_count_against_real_memory():
             b = memory.estimate(models.ConvNet, (64, 3, 32, 32), optimizer=torch.optim.Adam, device="cpu")
     assert b.peak > 32 * MiB
     assert m.peak_above_start_bytes < 64 * 1024  # a few real scalars at most
+
+
+def test_starting_the_count_is_quick_and_does_not_import_dynamo():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time, torch\n"
+        "from tutorial_utils import memory\n"
+        "t = time.perf_counter()\n"
+        "with memory.measure('cpu') as m:\n"
+        "    x = torch.zeros(1024)\n"
+        "print(m.delta_bytes, 'torch._dynamo' in sys.modules, time.perf_counter() - t)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[:2] == ["4096", "False"]
+    assert float(out[2]) < 2.0  # importing torch._dynamo alone takes about 3 s here

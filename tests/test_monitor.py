@@ -169,6 +169,7 @@ def test_gputil_reads_mib_as_bytes_and_maps_uuid(fake_nvidia_smi, monkeypatch):
     b, a = src.read()  # nvidia-smi (PCI) order
     assert (b.label, b.used_bytes, b.total_bytes, b.utilization_pct) == ("GPUtil cuda:1", 3072 * MiB, 80 * GiB, 55)
     assert (a.label, a.used_bytes) == ("GPUtil cuda:0", 1024 * MiB)
+    assert src.last_call_s > 0 and a.note.endswith("ms per call (one nvidia-smi process)")
 
 
 # ------------------------------------------------------------------ torch

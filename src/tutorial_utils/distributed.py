@@ -10,7 +10,9 @@ thing as ``torchrun --standalone`` and handles those cases:
 * it picks a free port itself (``--rdzv-endpoint=127.0.0.1:PORT``, the single-node form of the
   multi-node command) and checks it just before starting: a busy rendezvous port does not fail,
   torchrun waits on whatever listens there, so the check is what keeps a busy port from hanging;
-* it streams every rank's output into the cell line by line, prefixed ``[rank0]``;
+* it streams every rank's output into the cell line by line, prefixed ``[rank0]`` (torchrun
+  reads each rank's stdout and stderr separately, so lines of the two may swap places from one
+  run to the next: a script whose output must be stable prints to one of them);
 * it collects what each rank reports (a rank writes JSON to ``$TUTORIAL_REPORT_DIR/rank<R>.json``;
   ``notebooks/scripts/common.py`` has a ``report()`` that does it);
 * on failure or timeout it terminates torchrun and every worker, reaps them, and raises

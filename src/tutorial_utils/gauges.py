@@ -334,8 +334,8 @@ class LiveGauge:
 
     def _fault(self, exc: BaseException) -> None:
         """An unexpected error in the thread: keep it, show it in the widget, print nothing."""
-        self.error = f"{type(exc).__name__}: {exc}"
         try:
+            self.error = f"{type(exc).__name__}: {exc}"
             self._state = "running, with an error"
             self._html.value = self._render()
         except Exception:

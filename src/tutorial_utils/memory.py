@@ -175,6 +175,13 @@ class _Accountant(TorchDispatchMode):
     storage). Thread-safe to read; it books only the ops of the thread that entered it.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Keep __torch_dispatch__ a plain method. By default torch wraps it in
+        # torch._dynamo.disable, which imports torch._dynamo (about 3 s) at the first operator
+        # and adds a wrapper call to every operator after that.
+        return False
+
     def __init__(self, storage_device: str = "cpu"):
         super().__init__()
         self.storage_device = storage_device

@@ -294,7 +294,8 @@ class NvmlSource(Source):
 class GPUtilSource(Source):
     """GPUtil, as the source guide uses it: ``GPUtil.getGPUs()`` parses ``nvidia-smi`` output.
 
-    Each read starts one ``nvidia-smi`` process (milliseconds), so sample it slowly.
+    Each read starts one ``nvidia-smi`` process (milliseconds), so sample it slowly; every row's
+    note shows what the last call cost (``last_call_s``).
     GPUtil reports memory in MiB; rows are labelled ``GPUtil cuda:N`` (matched by UUID).
     A broken ``nvidia-smi`` makes GPUtil raise ``ValueError``; this source turns that into a
     :class:`SourceError`.
@@ -306,6 +307,7 @@ class GPUtilSource(Source):
         super().__init__()
         self._gputil: Any = None
         self._uuids: dict[str, int] = {}
+        self.last_call_s: float | None = None  # how long the last getGPUs() took
 
     def open(self) -> None:
         try:
@@ -326,14 +328,17 @@ class GPUtilSource(Source):
     def read(self) -> list[Reading]:
         if not self.available:
             raise SourceError(self.reason)
+        t = time.perf_counter()
         try:
             gpus = self._gputil.getGPUs()
         except (ValueError, IndexError) as exc:
             raise SourceError(f"nvidia-smi gave output GPUtil cannot parse (GPUtil raised {type(exc).__name__}: {exc})") from exc
         except OSError as exc:
             raise SourceError(f"nvidia-smi could not be run: {exc}") from exc
+        self.last_call_s = time.perf_counter() - t
         if not gpus:
             raise SourceError("GPUtil found no GPU (nvidia-smi did not answer)")
+        cost = f"{self.last_call_s * 1000:.0f} ms per call (one nvidia-smi process)"
         out = []
         for gpu in gpus:
             cuda = self._uuids.get(str(gpu.uuid))
@@ -344,6 +349,7 @@ class GPUtilSource(Source):
                     used_bytes=int(float(gpu.memoryUsed) * 2**20),
                     total_bytes=int(float(gpu.memoryTotal) * 2**20),
                     utilization_pct=round(float(gpu.load) * 100.0, 1),  # GPUtil divides by 100
+                    note=cost,
                 )
             )
         return out
