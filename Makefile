@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test unit nbval lint format execute gpu-check lock clean browser-deps
+.PHONY: lab test unit nbval lint format execute gpu-check lock clean browser-deps bench
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -52,6 +52,11 @@ execute: $(STAMP)
 # so nothing is compared; the check cells still assert every claim).
 gpu-check: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py $(NOTEBOOKS)
+
+# Accuracy and cost measurements (they print tables; not part of make test).
+bench: $(STAMP)
+	$(BIN)/python benchmarks/memory_accuracy.py
+	$(BIN)/python benchmarks/monitor_cost.py
 
 # Refresh constraints.txt from what .venv holds now (after changing pyproject.toml's ranges).
 lock: $(STAMP)

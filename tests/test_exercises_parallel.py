@@ -10,7 +10,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tutorial_utils.exercises.parallel import check_bubble, check_ddp_script, check_microbatch_step
+from tutorial_utils.exercises.parallel import (
+    check_bubble,
+    check_ddp_script,
+    check_microbatch_step,
+    check_sampler_padding,
+)
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 
@@ -23,6 +28,14 @@ def test_bubble_accepts_the_formula_and_explains_mistakes():
     assert not none.passed and "returned None" in str(none)
     boom = check_bubble(lambda p, m: 1 / 0)
     assert not boom.passed and "ZeroDivisionError" in str(boom)
+
+
+def test_sampler_padding_counts_the_repeated_samples():
+    assert check_sampler_padding(22, 2).passed  # ceil(64 / 3) = 22 per rank, 66 - 64 repeated
+    assert check_sampler_padding(16, 0, n=64, world=4).passed
+    wrong = check_sampler_padding(21, 0)
+    assert not wrong.passed and "22" in str(wrong) and wrong.hints
+    assert "set per_rank" in str(check_sampler_padding(None, None))
 
 
 def _data():
@@ -92,3 +105,5 @@ def test_ddp_checker_finds_both_bugs_and_passes_the_solution():
     text = str(buggy)
     assert "set_epoch" in text and "differ from single-process training" in text
     assert check_ddp_script(SCRIPTS / "ddp_exercise_solution.py", ref).passed
+    crashed = check_ddp_script(SCRIPTS / "crash_demo.py", ref, timeout=120)
+    assert not crashed.passed and "did not finish" in str(crashed) and "rank 1" in str(crashed)

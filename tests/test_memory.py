@@ -551,3 +551,14 @@ def test_starting_the_count_is_quick_and_does_not_import_dynamo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[:2] == ["4096", "False"]
     assert float(out[2]) < 2.0  # importing torch._dynamo alone takes about 3 s here
+
+
+def test_gradients_made_in_cpp_count_as_existing():
+    """A .grad that autograd allocated, never read from Python, is booked when counting starts."""
+    model = torch.nn.Linear(256, 256)
+    model(torch.randn(4, 256)).sum().backward()  # grads created inside C++
+    with memory.measure("cpu") as m:
+        for p in model.parameters():
+            p.grad.zero_()  # in place: no new memory
+    assert m.delta_bytes == 0 and m.peak_above_start_bytes == 0
+    assert m.start_bytes >= 2 * sum(p.nbytes for p in model.parameters())

@@ -321,7 +321,10 @@ class _Accountant(TorchDispatchMode):
         # A tensor's gc traversal visits its class, so this finds them all in one C-level pass
         # over the tracked objects: about 3x faster than filtering gc.get_objects() in Python.
         found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
-        self.book(found)
+        # A gradient that autograd created in C++ has no Python object until someone reads
+        # ``.grad``, so the scan above cannot see it: reach it through its parameter.
+        grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
+        self.book(found + grads)
         with self.lock:
             self.peak = self.current
 

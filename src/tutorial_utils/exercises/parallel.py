@@ -2,6 +2,7 @@
 
 * ``check_ddp_script``: runs the learner's DDP script for real (2 processes, ``launch``) and
   compares what it reports with single-process training the notebook computed.
+* ``check_sampler_padding``: what ``DistributedSampler`` does when the dataset does not split evenly.
 * ``check_bubble``: the learner's formula for the idle fraction of a GPipe pipeline.
 * ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients.
 """
@@ -18,7 +19,7 @@ from torch import nn
 from ..distributed import LaunchError, launch
 from . import Feedback
 
-__all__ = ["check_bubble", "check_ddp_script", "check_microbatch_step"]
+__all__ = ["check_bubble", "check_ddp_script", "check_microbatch_step", "check_sampler_padding"]
 
 
 def check_ddp_script(script: str | os.PathLike, reference_params: Sequence[float] | torch.Tensor,
@@ -55,6 +56,30 @@ def check_ddp_script(script: str | os.PathLike, reference_params: Sequence[float
                      f"the parameters differ from single-process training by up to {diff:.1e}"):
         fb.hint("DDP's backward already averages the gradients over the ranks; dividing them by "
                 "the world size again halves every step")
+    return fb
+
+
+def check_sampler_padding(per_rank: int | None, repeated: int | None, n: int = 64,
+                          world: int = 3) -> Feedback:
+    """``n`` samples on ``world`` ranks: samples per rank per epoch, and how many are seen twice."""
+    from torch.utils.data import DistributedSampler
+
+    data = list(range(n))
+    shards = [list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0))
+              for r in range(world)]
+    want_per_rank = len(shards[0])
+    want_repeated = sum(len(s) for s in shards) - len(set().union(*shards))
+    fb = Feedback(f"{n} samples on {world} ranks with DistributedSampler")
+    if not fb.expect(per_rank is not None and repeated is not None,
+                     "set per_rank and repeated (build the samplers and count)"):
+        return fb
+    fb.expect(per_rank == want_per_rank,
+              f"per_rank = {per_rank}, but each rank gets {want_per_rank} samples per epoch")
+    fb.expect(repeated == want_repeated,
+              f"repeated = {repeated}, but {want_repeated} sample(s) are seen twice in an epoch")
+    if not fb.passed:
+        fb.hint("with drop_last=False the sampler pads the shuffled indices to a multiple of the "
+                "world size by repeating the first ones: every rank gets ceil(n / world)")
     return fb
 
 
