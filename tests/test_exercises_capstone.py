@@ -34,7 +34,7 @@ def plain(model, optimizer, x, y):
 def micro(model, optimizer, x, y, k=4, scale=True):
     optimizer.zero_grad()
     total = 0.0
-    for xc, yc in zip(x.chunk(k), y.chunk(k)):
+    for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
         loss = nn.functional.cross_entropy(model(xc), yc)
         (loss / k if scale else loss).backward()
         total += loss.item() / k

@@ -38,7 +38,7 @@ class MLP(nn.Module):
         torch.manual_seed(seed)
         dims = [d_in] + [d_hidden] * (depth - 1) + [d_out]
         layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
             layers.append(nn.Linear(a, b))
             if i < len(dims) - 2:
                 layers.append(nn.ReLU())
