@@ -84,3 +84,13 @@ def test_colab_setup_does_nothing_off_colab():
     body = src.split('if "COLAB_RELEASE_TAG" in os.environ:', 1)
     assert len(body) == 2, "the setup cell must be guarded by COLAB_RELEASE_TAG"
     assert all(line.startswith("    ") for line in body[1].strip("\n").splitlines())
+
+
+def test_other_files_use_the_same_repository_address():
+    """The README's Binder link and pyproject's Source URL must follow course.REPOSITORY."""
+    path = course.REPOSITORY.removeprefix("https://github.com/")
+    readme = (ROOT / "README.md").read_text()
+    for found in re.findall(r"(?:github\.com|mybinder\.org/v2/gh)/([\w.-]+/[\w.-]+)", readme):
+        assert found == path, f"README.md links to {found}, but course.REPOSITORY is {path}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'Source = "{course.REPOSITORY}"' in pyproject
