@@ -146,19 +146,11 @@ def _row_text(reading: Reading | None, peak: int, error: str) -> str:
         return f'<span class="tu-gauge-text" style="color:#b00">unavailable: {html.escape(error)}</span>'
     if reading is None:
         return '<span class="tu-gauge-text">waiting for the first sample</span>'
-    parts = []
-    if reading.used_bytes is not None:
-        parts.append(f"<b>{format_bytes(reading.used_bytes)}</b> used")
-    if reading.reserved_bytes is not None:
-        parts.append(f"{format_bytes(reading.reserved_bytes)} reserved")
-    if reading.total_bytes is not None:
-        parts.append(f"of {format_bytes(reading.total_bytes)}")
-    if peak:
-        parts.append(f'<span style="color:#d62728">peak {format_bytes(peak)}</span>')
-    if reading.utilization_pct is not None:
-        parts.append(f"{reading.utilization_pct:.0f}% busy")
-    if reading.note:
-        parts.append(html.escape(reading.note))
+    styles = {  # how each kind of number is drawn; the numbers come from Reading.parts
+        "used": '<b>{}</b>',
+        "peak": '<span style="color:#d62728">{}</span>',
+    }
+    parts = [styles.get(kind, "{}").format(html.escape(text)) for kind, text in reading.parts(peak_bytes=peak)]
     return f'<span class="tu-gauge-text">{" · ".join(parts)}</span>'
 
 

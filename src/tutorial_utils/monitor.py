@@ -74,21 +74,31 @@ class Reading:
     utilization_pct: float | None = None  # GPU busy %, or CPU % for psutil rows
     note: str = ""  # a short remark shown after the numbers
 
-    def summary(self) -> str:
-        """The numbers as one line in binary units, e.g. ``'1.00 GiB used of 16.00 GiB'``."""
+    def parts(self, peak_bytes: int | None = None) -> list[tuple[str, str]]:
+        """The known numbers as ``(kind, text)`` pairs in display order, in binary units.
+
+        ``kind`` is one of used, reserved, total, peak, busy, note; ``peak_bytes`` overrides
+        the reading's own peak (the gauge shows the highest value over all its samples).
+        """
+        peak = self.peak_bytes if peak_bytes is None else peak_bytes
         parts = []
         if self.used_bytes is not None:
-            parts.append(f"{format_bytes(self.used_bytes)} used")
+            parts.append(("used", f"{format_bytes(self.used_bytes)} used"))
         if self.reserved_bytes is not None:
-            parts.append(f"{format_bytes(self.reserved_bytes)} reserved")
+            parts.append(("reserved", f"{format_bytes(self.reserved_bytes)} reserved"))
         if self.total_bytes is not None:
-            parts.append(f"of {format_bytes(self.total_bytes)}")
-        if self.peak_bytes is not None:
-            parts.append(f"peak {format_bytes(self.peak_bytes)}")
+            parts.append(("total", f"of {format_bytes(self.total_bytes)}"))
+        if peak:
+            parts.append(("peak", f"peak {format_bytes(peak)}"))
         if self.utilization_pct is not None:
-            parts.append(f"{self.utilization_pct:.0f}% busy")
+            parts.append(("busy", f"{self.utilization_pct:.0f}% busy"))
         if self.note:
-            parts.append(self.note)
+            parts.append(("note", self.note))
+        return parts
+
+    def summary(self) -> str:
+        """The numbers as one line in binary units, e.g. ``'1.00 GiB used of 16.00 GiB'``."""
+        parts = [text for _, text in self.parts()]
         return ", ".join(parts) if parts else "no data"
 
 
