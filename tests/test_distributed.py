@@ -195,3 +195,12 @@ def test_rank_prefix_is_parsed_once():
 def test_result_repr_has_no_timing():
     result = LaunchResult(nproc=2, returncode=0, wall_seconds=1.234, reports={1: {}, 0: {}})
     assert "1.234" not in repr(result) and "[0, 1]" in repr(result)
+
+
+def test_a_line_torchrun_copied_in_two_pieces_is_mended():
+    """torchrun copies a half-written line, then its newline with a second prefix: drop that prefix."""
+    from tutorial_utils.distributed import _RANK_LINE, _mend
+
+    match = _RANK_LINE.match("[rank0] stage 0 gradients equal one process's: True[rank0] ")
+    assert _mend(match.group(2)) == "stage 0 gradients equal one process's: True"
+    assert _mend("no prefix here") == "no prefix here"

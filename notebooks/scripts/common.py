@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,10 @@ def teardown() -> None:
 def log(*args) -> None:
     """Print from rank 0 only, so the output is one copy, in order."""
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(*args, flush=True)
+        # One write per line: torchrun copies our output line by line, and a line that reaches it
+        # in two pieces (text, then its newline) comes out as two lines.
+        sys.stdout.write(" ".join(map(str, args)) + "\n")
+        sys.stdout.flush()
 
 
 def report(data: dict) -> None:

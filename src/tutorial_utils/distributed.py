@@ -67,6 +67,14 @@ _PREFIX_TEMPLATE = "[rank${rank}] "
 # torchrun's prefix, then (on a traceback) the "[rankN]: " torch adds itself: keep one.
 _RANK_LINE = re.compile(r"^\[rank(\d+)\] ?(?:\[rank\d+\]: )?(.*)$")
 _LAST_LINES = 15
+# torchrun copies each rank's log file line by line, and a line it finds half written (print()
+# writes the text, then the newline) is copied as it is; the newline then arrives as a line of its
+# own, with its own prefix: "[rank0] done[rank0] ". _mend drops that trailing prefix.
+_TRAILING_PREFIX = re.compile(r"\[rank\d+\] ?$")
+
+
+def _mend(text: str) -> str:
+    return _TRAILING_PREFIX.sub("", text)
 
 
 class LaunchError(RuntimeError):
@@ -293,7 +301,7 @@ def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, 
         child_env.update({
             REPORT_DIR_ENV: str(report_dir),
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": _PREFIX_TEMPLATE,
-            "PYTHONUNBUFFERED": "1",
+            "PYTHONUNBUFFERED": "1",  # stream each line as it is printed (and keep it if killed)
         })
         cmd = torchrun_command(script, nproc, [str(a) for a in args], port, Path(tmp) / "logs")
         result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0, port=port, command=cmd)
@@ -323,11 +331,11 @@ def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, 
                     break
                 match = _RANK_LINE.match(line)
                 if match:
-                    rank = int(match.group(1))
-                    result.rank_output.setdefault(rank, []).append(match.group(2))
-                    tails.setdefault(rank, deque(maxlen=_LAST_LINES)).append(match.group(2))
+                    rank, text = int(match.group(1)), _mend(match.group(2))
+                    result.rank_output.setdefault(rank, []).append(text)
+                    tails.setdefault(rank, deque(maxlen=_LAST_LINES)).append(text)
                     if echo is not None:
-                        echo(f"[rank{rank}] {match.group(2)}")
+                        echo(f"[rank{rank}] {text}")
                 else:
                     result.launcher_output.append(line)
                     if echo is not None and show_launcher_output:
