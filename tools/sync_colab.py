@@ -33,8 +33,7 @@ def sync(nb, filename: str) -> bool:
         md = nbformat.v4.new_markdown_cell("")
         nb.cells.insert(0, md)
     body = BADGE_RE.sub("", md.source)
-    new_source = f"{badge}\n\n{body}".rstrip() + "\n" if body else badge
-    new_source = new_source.rstrip("\n")
+    new_source = f"{badge}\n\n{body}".rstrip() if body else badge
     if md.source != new_source:
         md.source, changed = new_source, True
     setup = colab_setup_source()

@@ -15,6 +15,7 @@ device(type='cpu')
 from __future__ import annotations
 
 import os
+import platform
 import warnings
 from dataclasses import dataclass
 
@@ -147,8 +148,6 @@ def list_devices() -> list[DeviceInfo]:
     out = [_cuda_info(i) for i in range(gpu_count())]
     if mps_available():
         out.append(DeviceInfo(torch.device("mps"), "Apple GPU (MPS)"))
-    import platform
-
     cpu_name = platform.processor() or platform.machine() or "CPU"
     out.append(DeviceInfo(torch.device("cpu"), f"{cpu_name}, {os.cpu_count()} logical cores"))
     return out
