@@ -31,7 +31,12 @@ from torch import nn
 
 from tutorial_utils import memory, models
 
-OPTIMIZERS = {"none": None, "SGD": torch.optim.SGD, "Adam": torch.optim.Adam, "AdamW": torch.optim.AdamW}
+OPTIMIZERS = {
+    "none": None,
+    "SGD": torch.optim.SGD,
+    "Adam": torch.optim.Adam,
+    "AdamW": torch.optim.AdamW,
+}
 
 # name -> (model factory, batch factory(batch size))
 MODELS = {
@@ -39,11 +44,17 @@ MODELS = {
     "ConvNet(BN)": (models.ConvNet, lambda b: models.image_batch(b, size=16)),
     "LSTM": (models.LSTMClassifier, lambda b: models.token_batch(b, seq=16)),
     "TinyTransformer": (models.TinyTransformer, lambda b: models.token_batch(b, seq=16)),
-    "EmbeddingBag": (models.EmbeddingBagClassifier, lambda b: models.token_batch(b, seq=16, vocab=50_000)),
+    "EmbeddingBag": (
+        models.EmbeddingBagClassifier,
+        lambda b: models.token_batch(b, seq=16, vocab=50_000),
+    ),
     "TiedLM": (models.TiedLM, lambda b: models.token_batch(b, seq=16, vocab=2000)),
 }
 # The example of facts.md, for the overhead on a step that takes tens of milliseconds.
-FACTS_MLP = (lambda: models.MLP(d_in=1024, d_hidden=4096, d_out=1024), lambda b: models.mlp_batch(b, d_in=1024))
+FACTS_MLP = (
+    lambda: models.MLP(d_in=1024, d_hidden=4096, d_out=1024),
+    lambda b: models.mlp_batch(b, d_in=1024),
+)
 
 
 def _step(model: nn.Module, x: torch.Tensor, opt) -> None:
@@ -129,7 +140,9 @@ def compare(name: str, batch: int, opt_name: str) -> Row:
     return Row(name, batch, opt_name, prof, real, est)
 
 
-def overhead_ratio(name: str, batch: int, repeats: int = 7, tracking: bool = False) -> tuple[float, float, float]:
+def overhead_ratio(
+    name: str, batch: int, repeats: int = 7, tracking: bool = False
+) -> tuple[float, float, float]:
     """Median time of a training step inside ``measure()`` over the bare step's.
 
     ``tracking=False``: each ``measure()`` block starts the CPU accountant, which first books
@@ -168,7 +181,9 @@ def overhead_ratio(name: str, batch: int, repeats: int = 7, tracking: bool = Fal
 class Llama7B(nn.Module):
     """A 7B-parameter decoder (LLaMA-2-7B sizes: 32 layers, d=4096, ffn 11008, vocab 32000)."""
 
-    def __init__(self, d: int = 4096, layers: int = 32, ffn: int = 11008, vocab: int = 32000, heads: int = 32):
+    def __init__(
+        self, d: int = 4096, layers: int = 32, ffn: int = 11008, vocab: int = 32000, heads: int = 32
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(_Block(d, ffn, heads) for _ in range(layers))
@@ -213,8 +228,12 @@ def time_7b(batch: int = 1, seq: int = 512) -> tuple[float, memory.MemoryBreakdo
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="every model x batch 1, 8, 32, 64 x 4 optimizers")
-    parser.add_argument("--batches", type=int, nargs="*", help="batch sizes (overrides the default)")
+    parser.add_argument(
+        "--full", action="store_true", help="every model x batch 1, 8, 32, 64 x 4 optimizers"
+    )
+    parser.add_argument(
+        "--batches", type=int, nargs="*", help="batch sizes (overrides the default)"
+    )
     parser.add_argument("--skip-7b", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # steadier timings on a shared machine
@@ -229,33 +248,53 @@ def main(argv=None) -> int:
         for b in batches
         for opt in (OPTIMIZERS if args.full else (["none", "AdamW"] if b == 1 else ["SGD", "Adam"]))
     ]
-    print(f"{'model':<16}{'batch':>6} {'optim':<6}{'profiler':>14}{'breakdown':>14}{'estimate':>14}"
-          f"{'bd vs prof':>11}{'est vs bd':>10}")
+    print(
+        f"{'model':<16}{'batch':>6} {'optim':<6}{'profiler':>14}{'breakdown':>14}{'estimate':>14}"
+        f"{'bd vs prof':>11}{'est vs bd':>10}"
+    )
     rows = []
     for name, b, opt in plan:
         row = compare(name, b, opt)
         rows.append(row)
         flag = "" if row.ok else "  <-- off target"
-        print(f"{name:<16}{b:>6} {opt:<6}{row.profiler / 2**20:>10.3f} MiB{row.breakdown / 2**20:>10.3f} MiB"
-              f"{row.estimate / 2**20:>10.3f} MiB{row.bd_err:>+10.2%}{row.est_err:>+10.2%}{flag}", flush=True)
+        print(
+            f"{name:<16}{b:>6} {opt:<6}{row.profiler / 2**20:>10.3f} MiB{row.breakdown / 2**20:>10.3f} MiB"
+            f"{row.estimate / 2**20:>10.3f} MiB{row.bd_err:>+10.2%}{row.est_err:>+10.2%}{flag}",
+            flush=True,
+        )
     ok = sum(r.ok for r in rows)
-    print(f"\n{ok} of {len(rows)} cases within both targets "
-          f"(worst breakdown vs profiler {max(abs(r.bd_err) for r in rows):.2%}, "
-          f"worst estimate vs breakdown {max(abs(r.est_err) for r in rows):.2%})")
+    print(
+        f"\n{ok} of {len(rows)} cases within both targets "
+        f"(worst breakdown vs profiler {max(abs(r.bd_err) for r in rows):.2%}, "
+        f"worst estimate vs breakdown {max(abs(r.est_err) for r in rows):.2%})"
+    )
 
     print("\nmeasure() overhead on one Adam training step (median of 7, interleaved):")
     for tracking in (False, True):
-        print("  with a Tracker already running (bookkeeping only):" if tracking
-              else "  measure() on its own (includes booking the tensors that already exist):")
-        for name, b in [("MLP", 64), ("ConvNet(BN)", 32), ("TinyTransformer", 32), ("TiedLM", 32), ("facts MLP", 256)]:
+        print(
+            "  with a Tracker already running (bookkeeping only):"
+            if tracking
+            else "  measure() on its own (includes booking the tensors that already exist):"
+        )
+        for name, b in [
+            ("MLP", 64),
+            ("ConvNet(BN)", 32),
+            ("TinyTransformer", 32),
+            ("TiedLM", 32),
+            ("facts MLP", 256),
+        ]:
             ratio, bare, timed = overhead_ratio(name, b, tracking=tracking)
-            print(f"    {name:<16} batch {b:>3}: {bare * 1e3:7.2f} ms bare, {timed * 1e3:7.2f} ms measured, "
-                  f"ratio {ratio:.2f}x")
+            print(
+                f"    {name:<16} batch {b:>3}: {bare * 1e3:7.2f} ms bare, {timed * 1e3:7.2f} ms measured, "
+                f"ratio {ratio:.2f}x"
+            )
 
     if not args.skip_7b:
         seconds, result = time_7b()
-        print(f"\nestimate() of a 7B decoder (AdamW, batch 1 x 512 tokens): {seconds:.2f} s; "
-              f"{result.parameters / 2**30:.2f} GiB parameters, peak {result.peak / 2**30:.2f} GiB")
+        print(
+            f"\nestimate() of a 7B decoder (AdamW, batch 1 x 512 tokens): {seconds:.2f} s; "
+            f"{result.parameters / 2**30:.2f} GiB parameters, peak {result.peak / 2**30:.2f} GiB"
+        )
     return 0
 
 

@@ -65,11 +65,15 @@ def time_reads(source: monitor.Source, n: int) -> tuple[float, float] | str:
 
 
 def gputil_with_stub(n: int) -> tuple[float, float] | str:
-    """GPUtil reading a stub nvidia-smi: the per-call process start, without a driver's query time."""
+    """GPUtil reading a stub nvidia-smi: the per-call process start, without a driver's
+    query time."""
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "nvidia-smi")
         with open(exe, "w") as f:
-            f.write("#!/bin/sh\necho '0, GPU-stub, 0, 81920, 1024, 80896, 0.0, stub, 0, Disabled, Disabled, 30'\n")
+            f.write(
+                "#!/bin/sh\necho '0, GPU-stub, 0, 81920, 1024, 80896, 0.0, stub, 0, "
+                "Disabled, Disabled, 30'\n"
+            )
         os.chmod(exe, 0o755)
         old = os.environ["PATH"]
         os.environ["PATH"] = f"{tmp}{os.pathsep}{old}"
@@ -130,7 +134,11 @@ def overhead_in_kernel(seconds: float) -> dict:
         """
     )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     NotebookClient(nb, timeout=int(4 * seconds + 120), kernel_name="python3").execute()
     out = nb.cells[0].outputs
     text = "".join(o.get("text", "") for o in out if o.get("output_type") == "stream")
@@ -163,7 +171,8 @@ def tracker_cost_per_op(n: int = 3000) -> tuple[float, float]:
 
 
 class Poller:
-    """Calls ``read()`` (-> bytes) every ``period_s`` (0: back to back) in a thread; keeps (t, bytes)."""
+    """Calls ``read()`` (-> bytes) every ``period_s`` (0: back to back) in a thread;
+    keeps (t, bytes)."""
 
     def __init__(self, name: str, read, period_s: float) -> None:
         import threading
@@ -194,7 +203,9 @@ class Poller:
         self._thread.join()
 
 
-def seen(samples: list[tuple[float, int]], start: float, end: float, size: int, slack_s: float) -> bool:
+def seen(
+    samples: list[tuple[float, int]], start: float, end: float, size: int, slack_s: float
+) -> bool:
     """Did any sample inside the spike show at least half of it above the last sample before it?"""
     before = [b for t, b in samples if t < start]
     if not before:
@@ -203,37 +214,52 @@ def seen(samples: list[tuple[float, int]], start: float, end: float, size: int, 
     return any(b - base >= size // 2 for t, b in samples if start <= t <= end + slack_s)
 
 
-def spike_experiment(n: int = 30, seed: int = 0) -> None:
+def spike_experiment(
+    n: int = 30, seed: int = 0, size: int | None = None, device: torch.device | None = None
+) -> dict:
+    """Allocate ``n`` short spikes and count the ones each watcher shows.
+
+    Returns ``{"rows": [(watcher, samples, spikes shown), ...], "size": bytes, "n": n,
+    "median_ms": allocation-to-free time, "held_ms": time held after the op returned}``; the
+    first row is the allocator's exact peak (``memory.measure`` around every spike).
+    """
     import random
 
     from tutorial_utils import memory
 
     rng = random.Random(seed)
-    gpu = devices.has_gpu()
-    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
-    if gpu:
-        free, _ = torch.cuda.mem_get_info(0)
-        size = min(4 * 2**30, free // 4)
-    else:
-        size = 64 * 2**20
+    gpu = devices.has_gpu() if device is None else device.type == "cuda"
+    device = device or (torch.device("cuda", 0) if gpu else torch.device("cpu"))
+    if size is None:
+        if gpu:
+            free, _ = torch.cuda.mem_get_info(device)
+            size = min(4 * 2**30, free // 4)
+        else:
+            size = 64 * 2**20
     pollers: list[Poller] = []
+    nv = None
     if gpu:
-        import GPUtil
-
-        from tutorial_utils import nvml
-
-        uuid = next((u for u, i in nvml.cuda_uuids().items() if i == 0), None)
-
-        def gputil_used() -> int:
-            gpus = [g for g in GPUtil.getGPUs() if uuid is None or g.uuid == uuid]
-            return int(float(gpus[0].memoryUsed) * 2**20)
-
         nv = monitor.NvmlSource()
         nv.open()
         if nv.available:
             label = next((r.label for r in nv.read() if r.label.startswith("NVML cuda:0 ")), None)
-            pollers.append(Poller("NVML every 100 ms", lambda: next(r.used_bytes for r in nv.read() if r.label == label), 0.1))
-        pollers.append(Poller("GPUtil back to back", gputil_used, 0.0))
+            pollers.append(
+                Poller(
+                    "NVML every 100 ms",
+                    lambda: next(r.used_bytes for r in nv.read() if r.label == label),
+                    0.1,
+                )
+            )
+        gputil = monitor.GPUtilSource()
+        gputil.open()
+        if gputil.available:
+
+            def gputil_used() -> int:
+                rows = gputil.read()
+                mine = [r for r in rows if r.label == "GPUtil cuda:0"] or rows
+                return int(mine[0].used_bytes)
+
+            pollers.append(Poller("GPUtil back to back", gputil_used, 0.0))
     else:
         proc = psutil.Process()
         pollers.append(Poller("psutil RSS every 100 ms", lambda: proc.memory_info().rss, 0.1))
@@ -243,7 +269,9 @@ def spike_experiment(n: int = 30, seed: int = 0) -> None:
     exact_caught = 0
     for p in pollers:
         p.__enter__()
+    t_before = time.monotonic()
     gauge.start()
+    t_after = time.monotonic()
     try:
         time.sleep(0.5)
         for _ in range(n):
@@ -266,32 +294,68 @@ def spike_experiment(n: int = 30, seed: int = 0) -> None:
         gauge.stop()
         for p in pollers:
             p.__exit__()
-    t0 = gauge._t0
+        if nv is not None:
+            nv.close()
+    # The gauge counts its times from inside start(): place them between the two clock reads
+    # (the error is at most start()'s duration, small next to the 150-450 ms between spikes).
+    t0 = (t_before + t_after) / 2
     row = "cuda:0" if gpu else "cpu (exact)"
-    gauge_samples = [(t0 + s.t_s, s.used_bytes) for s in gauge.samples if s.label == row and s.used_bytes is not None]
-    durations = [e - s for s, e in spikes]
-    print(f"   {n} spikes of {size / 2**20:.0f} MiB on {device}: {1000 * statistics.median(durations):.0f} ms each "
-          f"from allocation to free, {1000 * statistics.median(held_s):.0f} ms of it after the op returned "
-          "(medians), 150-450 ms apart")
-    print(f"   {'poller':34s} {'samples':>8s} {'spikes shown':>13s}")
-    print(f"   {'allocator peak (memory.measure)':34s} {'-':>8s} {exact_caught:>7d} / {n}")
-    for name, samples in [(f"LiveGauge every 200 ms ({row})", gauge_samples)] + [(p.name, p.samples) for p in pollers]:
-        shown = sum(seen(samples, s, e, size, 0.0) for s, e in spikes)
-        print(f"   {name:34s} {len(samples):>8d} {shown:>7d} / {n}")
+    gauge_samples = [
+        (t0 + s.t_s, s.used_bytes)
+        for s in gauge.samples
+        if s.label == row and s.used_bytes is not None
+    ]
+    rows = [("allocator peak (memory.measure)", n, exact_caught)]
+    for name, samples in [(f"LiveGauge every 200 ms ({row})", gauge_samples)] + [
+        (p.name, p.samples) for p in pollers
+    ]:
+        rows.append((name, len(samples), sum(seen(samples, s, e, size, 0.0) for s, e in spikes)))
+    return {
+        "rows": rows,
+        "size": size,
+        "n": n,
+        "device": str(device),
+        "median_ms": 1000 * statistics.median(e - s for s, e in spikes),
+        "held_ms": 1000 * statistics.median(held_s),
+    }
+
+
+def print_spikes(result: dict) -> None:
+    n = result["n"]
+    print(
+        f"   {n} spikes of {result['size'] / 2**20:.0f} MiB on {result['device']}: "
+        f"{result['median_ms']:.0f} ms each from allocation to free, {result['held_ms']:.0f} ms "
+        "of it after the op returned (medians), 150-450 ms apart"
+    )
+    print(f"   {'watcher':34s} {'samples':>8s} {'spikes shown':>13s}")
+    for name, samples, shown in result["rows"]:
+        print(f"   {name:34s} {samples:>8d} {shown:>7d} / {n}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reads", type=int, default=300, help="reads per source (GPUtil: a tenth)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each overhead window")
-    parser.add_argument("--kernel", action="store_true", help="also measure the overhead inside a Jupyter kernel")
-    parser.add_argument("--spikes", action="store_true", help="also run the spike-catching comparison")
+    parser.add_argument(
+        "--seconds", type=float, default=10.0, help="length of each overhead window"
+    )
+    parser.add_argument(
+        "--kernel", action="store_true", help="also measure the overhead inside a Jupyter kernel"
+    )
+    parser.add_argument(
+        "--spikes", action="store_true", help="also run the spike-catching comparison"
+    )
     args = parser.parse_args()
 
     gpu = devices.has_gpu()
-    print(f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"torch {torch.__version__}, GPU: {'yes' if gpu else 'none (' + str(devices.cuda_unavailable_reason()) + ')'}")
-    print(f"load average now: {', '.join(f'{x:.2f}' for x in os.getloadavg())} (other work on the machine inflates every figure)")
+    print(
+        f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, GPU: "
+        + ("yes" if gpu else f"none ({devices.cuda_unavailable_reason()})")
+    )
+    print(
+        f"load average now: {', '.join(f'{x:.2f}' for x in os.getloadavg())} "
+        "(other work on the machine inflates every figure)"
+    )
     print()
     print("1. cost per sample")
     for name in monitor.SOURCE_NAMES:
@@ -299,27 +363,43 @@ def main() -> None:
         print(f"   {name:28s} {fmt(time_reads(monitor.make_source(name), n))}")
     print(f"   {'gputil + stub nvidia-smi':28s} {fmt(gputil_with_stub(max(10, args.reads // 10)))}")
     print()
-    print(f"2. gauge CPU overhead at 10 Hz, default sources, {args.seconds:.0f} s windows (% of one core)")
+    print(
+        f"2. gauge CPU overhead at 10 Hz, default sources, {args.seconds:.0f} s windows "
+        "(% of one core)"
+    )
     r = overhead_pct(args.seconds)
-    print(f"   in-process:  {r['overhead_pct']:.2f}%  (idle {r['idle_pct']:.2f}%, with gauge {r['gauge_pct']:.2f}%; "
-          f"{r['samples']} samples, {r['missed']} missed ticks, rows: {', '.join(r['rows'])})")
+    print(
+        f"   in-process:  {r['overhead_pct']:.2f}%  (idle {r['idle_pct']:.2f}%, "
+        f"with gauge {r['gauge_pct']:.2f}%; "
+        f"{r['samples']} samples, {r['missed']} missed ticks, rows: {', '.join(r['rows'])})"
+    )
     if args.kernel:
         k = overhead_in_kernel(args.seconds)
-        print(f"   in a kernel: {k['overhead_pct']:.2f}%  (idle {k['idle_pct']:.2f}%, with gauge {k['gauge_pct']:.2f}%; "
-              f"{k['samples']} samples, {k['missed']} missed ticks)")
+        print(
+            f"   in a kernel: {k['overhead_pct']:.2f}%  (idle {k['idle_pct']:.2f}%, "
+            f"with gauge {k['gauge_pct']:.2f}%; "
+            f"{k['samples']} samples, {k['missed']} missed ticks)"
+        )
     print()
     plain, tracked = tracker_cost_per_op()
     print("3. the CPU torch source keeps memory's accountant on while the gauge runs")
-    print(f"   a small torch op: {plain * 1e6:.1f} us without, {tracked * 1e6:.1f} us with "
-          f"(+{(tracked - plain) * 1e6:.1f} us per op)")
+    print(
+        f"   a small torch op: {plain * 1e6:.1f} us without, {tracked * 1e6:.1f} us with "
+        f"(+{(tracked - plain) * 1e6:.1f} us per op)"
+    )
     if args.spikes:
         print()
         print("4. short allocation spikes: how many does each poller show?")
-        spike_experiment()
+        print_spikes(spike_experiment())
     if not gpu:
         print()
-        print("No GPU on this machine: NVML and GPUtil cannot read here, and the GPU version of the")
-        print("spike table (GPUtil / NVML at 100 ms / the gauge vs the allocator's peak) needs one. No GPU figures here.")
+        print(
+            "No GPU on this machine: NVML and GPUtil cannot read here, and the GPU version of the"
+        )
+        print(
+            "spike table (GPUtil / NVML at 100 ms / the gauge vs the allocator's peak) needs one. "
+            "No GPU figures here."
+        )
 
 
 if __name__ == "__main__":

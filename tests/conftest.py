@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 import types
 import warnings
+from dataclasses import dataclass
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 GiB = 2**30
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -24,7 +36,10 @@ def fake_cuda(monkeypatch):
         if not 0 <= index < state.count:
             raise AssertionError("Invalid device id")
         return types.SimpleNamespace(
-            name=f"NVIDIA Fake {index}", total_memory=state.total, major=9, minor=0,
+            name=f"NVIDIA Fake {index}",
+            total_memory=state.total,
+            major=9,
+            minor=0,
             uuid=f"0000000{index}-0000-0000-0000-000000000000",
         )
 
@@ -40,7 +55,9 @@ def cuda_build_without_driver(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 
     def is_available():
-        warnings.warn("CUDA initialization: Found no NVIDIA driver on your system.", UserWarning, stacklevel=2)
+        warnings.warn(
+            "CUDA initialization: Found no NVIDIA driver on your system.", UserWarning, stacklevel=2
+        )
         return False
 
     monkeypatch.setattr(torch.cuda, "is_available", is_available)
@@ -53,9 +70,222 @@ def broken_nvidia_smi(tmp_path, monkeypatch):
     exe = tmp_path / "nvidia-smi"
     exe.write_text(
         "#!/bin/sh\n"
-        "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\"\n"
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\n'
         "exit 9\n"
     )
     exe.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     return exe
+
+
+# =========================================================================================
+# Processes and NVML (helper "proc"): a fake pynvml, fake nvidia-smi programs, a real `make lab`
+# =========================================================================================
+
+
+class FakeNvml(types.SimpleNamespace):
+    """A small ``pynvml``: GPUs in NVML (PCI) order, each ``(name, uuid, total, used, util)``.
+
+    ``fail_after``: the number of memory queries that succeed before every query raises
+    ``NVMLError`` (``None``: never fails) -- a driver going away in the middle of a run.
+    ``missing``: no driver (``nvmlInit`` raises ``NVMLError_LibraryNotFound``).
+    ``hang_s``: ``nvmlInit`` blocks this long first (a wedged driver).
+    """
+
+    class NVMLError(Exception):
+        pass
+
+    class NVMLError_LibraryNotFound(NVMLError):
+        pass
+
+    class NVMLError_NotSupported(NVMLError):
+        pass
+
+    def __init__(self, gpus, fail_after=None, missing=False, hang_s=0.0):
+        super().__init__()
+        self.gpus = list(gpus)
+        self.fail_after = fail_after
+        self.missing = missing
+        self.hang_s = hang_s
+        self.init_calls = 0
+        self.shutdown_calls = 0
+        self.memory_queries = 0
+
+    def nvmlInit(self):
+        if self.hang_s:
+            time.sleep(self.hang_s)
+        if self.missing:
+            raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
+        self.init_calls += 1
+
+    def nvmlShutdown(self):
+        self.shutdown_calls += 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return b"570.1"
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return self.gpus[h][0].encode()
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.gpus[h][1]
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        self.memory_queries += 1
+        if self.fail_after is not None and self.memory_queries > self.fail_after:
+            raise self.NVMLError("GPU is lost")
+        _, _, total, used, _ = self.gpus[h]
+        return types.SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        util = self.gpus[h][4]
+        if util is None:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return types.SimpleNamespace(gpu=util, memory=0)
+
+
+def install_fake_nvml(monkeypatch, fake: FakeNvml, uuids: dict[str, int] | None = None) -> FakeNvml:
+    """Make ``tutorial_utils.nvml`` talk to ``fake`` (and map UUIDs to CUDA indices as given)."""
+    from tutorial_utils import nvml
+
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    monkeypatch.setattr(nvml, "_initialized", 0)
+    monkeypatch.setattr(nvml, "cuda_uuids", lambda: dict(uuids or {}))
+    return fake
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """A FakeNvml with two GPUs whose NVML order is the reverse of torch's CUDA order."""
+    fake = FakeNvml(
+        [
+            ("NVIDIA B", "GPU-bbbb", 80 * GiB, 3 * GiB, 55),  # NVML #0 = cuda:1
+            ("NVIDIA A", "GPU-aaaa", 40 * GiB, 1 * GiB, None),  # NVML #1 = cuda:0, no utilization
+        ]
+    )
+    return install_fake_nvml(monkeypatch, fake, {"GPU-aaaa": 0, "GPU-bbbb": 1})
+
+
+def fake_program(folder: Path, name: str, body: str, monkeypatch=None) -> Path:
+    """Write the shell script ``folder/name``; with ``monkeypatch``, put it first on PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / name
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(0o755)
+    if monkeypatch is not None:
+        monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    return exe
+
+
+@pytest.fixture
+def hanging_nvidia_smi(tmp_path, monkeypatch):
+    """An ``nvidia-smi`` that never answers, as on a wedged driver: it starts a child and waits.
+
+    Every process it starts writes its pid to ``hanging_nvidia_smi.pids`` (a file), so a test can
+    check that none is left running.
+    """
+    pids = tmp_path / "nvidia-smi.pids"
+    exe = fake_program(
+        tmp_path / "hangbin",
+        "nvidia-smi",
+        f"echo $$ >> {pids}\nsleep 1000 &\necho $! >> {pids}\nwait\n",
+        monkeypatch,
+    )
+    return types.SimpleNamespace(exe=exe, pids=pids)
+
+
+def alive(pids) -> list[int]:
+    """The pids among ``pids`` that still run (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@dataclass
+class LabRun:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> str:
+        """The token, once the launcher printed the address (fails if it exits first)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = re.search(
+                rf"is ready at: http://127\.0\.0\.1:{self.port}/lab\?token=(\w+)", self.text()
+            )
+            if m:
+                return m.group(1)
+            if self.proc.poll() is not None:
+                pytest.fail(f"make lab exited early:\n{self.text()}")
+            time.sleep(0.3)
+        pytest.fail(f"make lab was not ready after {timeout_s} s:\n{self.text()}")
+
+
+@pytest.fixture
+def start_lab(tmp_path):
+    """Start ``python -m tutorial_utils lab`` for real (own Jupyter folders); stopped afterwards."""
+    runs: list[LabRun] = []
+
+    def start(port: int | None = None, config: str = "", env: dict | None = None) -> LabRun:
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        k = len(runs)
+        cfg = tmp_path / f"cfg{k}"
+        cfg.mkdir()
+        if config:
+            (cfg / "jupyter_server_config.py").write_text(config)
+        full_env = {
+            **os.environ,
+            "JUPYTER_CONFIG_DIR": str(cfg),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / f"rt{k}"),
+            "JUPYTER_DATA_DIR": str(tmp_path / f"data{k}"),
+            "TMPDIR": str(tmp_path),
+            **(env or {}),
+        }
+        log = tmp_path / f"lab{k}.log"
+        with log.open("w") as fh:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tutorial_utils",
+                    "lab",
+                    "--no-browser",
+                    "--port",
+                    str(port),
+                ],
+                cwd=ROOT,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
+        runs.append(LabRun(proc, port, log))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.proc.pid, signal.SIGTERM)
+        try:
+            run.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+            run.proc.wait()

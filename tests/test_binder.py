@@ -26,7 +26,9 @@ def test_binder_pins_agree_with_constraints():
     tested = _pins(ROOT / "constraints.txt")
     assert binder.pop("torch") == "2.13.0+cpu", "Binder must use the small CPU build of torch"
     for name, version in binder.items():
-        assert tested.get(name) == version, f"binder/requirements.txt pins {name}=={version}, constraints.txt {tested.get(name)}"
+        assert tested.get(name) == version, (
+            f"binder/requirements.txt pins {name}=={version}, constraints.txt {tested.get(name)}"
+        )
 
 
 def test_binder_installs_the_package():
@@ -43,11 +45,17 @@ def test_constraints_pin_torch_2_13():
 def test_repo2docker_accepts_the_repository():
     exe = shutil.which("repo2docker") or str(Path(sys.executable).parent / "repo2docker")
     proc = subprocess.run(
-        [exe, "--no-build", "--debug", "."], cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [exe, "--no-build", "--debug", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
-    assert re.search(r"pip install .*-r \"?binder/requirements.txt", out), "requirements.txt not used"
+    assert re.search(r"pip install .*-r \"?binder/requirements.txt", out), (
+        "requirements.txt not used"
+    )
     assert "./binder/postBuild" in out, "postBuild not run"
     assert "python=3.11" in out
 
@@ -62,7 +70,19 @@ def test_environment_yml_lists_the_same_packages():
         items = dep["pip"] if isinstance(dep, dict) else [dep]
         for item in items:
             names.add(re.split(r"[=<> ]", item)[0].lower().replace("_", "-"))
-    runtime = {"pytorch", "numpy", "matplotlib", "ipywidgets", "jupyterlab-widgets", "jupyterlab", "psutil",
-               "nvidia-ml-py", "gputil", "tqdm", "setuptools", "ipython"}
+    runtime = {
+        "pytorch",
+        "numpy",
+        "matplotlib",
+        "ipywidgets",
+        "jupyterlab-widgets",
+        "jupyterlab",
+        "psutil",
+        "nvidia-ml-py",
+        "gputil",
+        "tqdm",
+        "setuptools",
+        "ipython",
+    }
     assert runtime <= names, f"missing from environment.yml: {runtime - names}"
     assert any(str(d).startswith("pytorch=2.13") for d in env["dependencies"])

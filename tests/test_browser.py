@@ -139,11 +139,17 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     nb = jupytext.read(NOTEBOOK_SOURCE)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     nbformat.write(nb, root / "gauge_demo.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    (settings / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
 
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(
@@ -154,12 +160,23 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
     )
     log = tmp_path / "lab.log"
     cmd = [
-        sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser",
-        "--ip", "127.0.0.1", "--port", str(port), f"--ServerApp.token={token}",
-        f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--allow-root",
+        "--no-browser",
+        "--ip",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        f"--ServerApp.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.port_retries=0",
     ]
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     shot_dir = ROOT / "artifacts"
     shot_dir.mkdir(exist_ok=True)
     try:
@@ -178,7 +195,9 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
                 page = browser.pages[0] if browser.pages else browser.new_page()
                 page.goto(f"{base}/lab/tree/gauge_demo.ipynb?token={token}", timeout=120_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+                page.wait_for_selector(
+                    ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
+                )
                 select_kernel = page.locator(".jp-Dialog button", has_text="Select")
                 if select_kernel.count():  # a notebook without a kernelspec asks which kernel
                     select_kernel.first.click()

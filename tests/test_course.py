@@ -39,9 +39,13 @@ def test_readme_lists_every_notebook_with_its_time():
 def test_badge_and_setup_cell(path):
     all_cells = cells(path)
     first_md = next(c for c in all_cells if c["cell_type"] == "markdown")
-    assert source(first_md).startswith(course.colab_badge(path.name)), "badge missing or stale: run tools/sync_colab.py"
+    assert source(first_md).startswith(course.colab_badge(path.name)), (
+        "badge missing or stale: run tools/sync_colab.py"
+    )
     first_code = next(c for c in all_cells if c["cell_type"] == "code")
-    assert source(first_code) == course.colab_setup_source(), "setup cell missing or stale: run tools/sync_colab.py"
+    assert source(first_code) == course.colab_setup_source(), (
+        "setup cell missing or stale: run tools/sync_colab.py"
+    )
     assert course.REPOSITORY in source(first_code)
 
 
@@ -52,14 +56,18 @@ def test_committed_with_cpu_outputs(path):
         if cell["cell_type"] != "code" or not source(cell).strip():
             continue
         tags = cell.get("metadata", {}).get("tags", [])
-        assert cell["execution_count"] is not None, f"cell {i} was saved without being run: make execute"
+        assert cell["execution_count"] is not None, (
+            f"cell {i} was saved without being run: make execute"
+        )
         for out in cell.get("outputs", []):
             if out["output_type"] == "error":
                 assert "raises-exception" in tags or "NBVAL_RAISES_EXCEPTION" in source(cell), (
                     f"cell {i} was saved with an unexpected {out['ename']}"
                 )
             text = json.dumps(out)
-            assert not re.search(r"/(root|work|home)/[\w.-]+", text), f"cell {i} output holds a path of this machine"
+            assert not re.search(r"/(root|work|home)/[\w.-]+", text), (
+                f"cell {i} output holds a path of this machine"
+            )
             assert not re.search(r"cuda:\d", text) or "NBVAL_IGNORE_OUTPUT" in source(cell), (
                 f"cell {i} output names a CUDA device: the references must come from a CPU run"
             )
@@ -75,7 +83,9 @@ def test_notebook_shape(path):
 
 
 def test_sync_colab_check_passes():
-    proc = subprocess.run([sys.executable, "tools/sync_colab.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "tools/sync_colab.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

@@ -21,7 +21,9 @@ def test_cpu_only_build_answers_without_raising():
 def test_pick_cuda_on_cpu_build_says_why():
     if torch.version.cuda is not None:
         pytest.skip("needs the CPU build of torch")
-    with pytest.raises(DeviceUnavailableError, match="CUDA is not available: this torch build has no CUDA"):
+    with pytest.raises(
+        DeviceUnavailableError, match="CUDA is not available: this torch build has no CUDA"
+    ):
         devices.pick_device("cuda")
     with pytest.raises(DeviceUnavailableError, match="needs 1 GPU"):
         devices.require_gpu(why="the bandwidth cell")
@@ -100,3 +102,36 @@ def test_bad_device_specs(spec, error, match):
 def test_env_override(monkeypatch, fake_cuda):
     monkeypatch.setenv("TUTORIAL_DEVICE", "cpu")
     assert devices.pick_device() == torch.device("cpu")
+
+
+# ---------------------------------------------------------------- issue 11: small validation gaps
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
+def test_has_gpu_needs_a_whole_number_of_gpus(n):
+    # before: has_gpu(0) and has_gpu(-1) were True on a CPU machine ("at least 0 GPUs")
+    with pytest.raises(ValueError, match="number of GPUs, a whole number of 1 or more"):
+        devices.has_gpu(n)
+
+
+@pytest.mark.parametrize("n", [1.5, 0, -2, None])
+def test_require_gpu_needs_a_whole_number_of_gpus(n):
+    # before: require_gpu(1.5) compared 0 >= 1.5 and blamed the machine
+    with pytest.raises(ValueError, match="number of GPUs"):
+        devices.require_gpu(n)
+
+
+@pytest.mark.parametrize("index", [10**30, 128, 2**63])
+def test_parse_device_refuses_an_absurd_index_in_one_sentence(index):
+    # before: parse_device(10**30) raised torch's own overflow error from deep inside
+    with pytest.raises(ValueError, match="far above any machine's GPU count"):
+        devices.parse_device(index)
+
+
+def test_parse_device_keeps_the_largest_index_torch_can_store():
+    assert devices.parse_device(127) == torch.device("cuda", 127)
+
+
+def test_pick_device_allows_every_device_type_the_course_knows_meta_included():
+    assert devices.pick_device("meta") == torch.device("meta")
+    assert devices.pick_device("auto").type != "meta"

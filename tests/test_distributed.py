@@ -24,7 +24,9 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 """
 
-OK = PREAMBLE + """
+OK = (
+    PREAMBLE
+    + """
 if rank == 0:
     print("hello from rank 0")
 report = os.path.join(os.environ["TUTORIAL_REPORT_DIR"], f"rank{rank}.json")
@@ -33,16 +35,22 @@ with open(report, "w") as f:
 dist.barrier()
 dist.destroy_process_group()
 """
+)
 
-CRASH = PREAMBLE + """
+CRASH = (
+    PREAMBLE
+    + """
 if rank == 1:
     print("rank 1 is about to fail")
     raise ValueError("deliberate failure in rank 1")
 dist.barrier()  # rank 0 waits here for a peer that never comes
 dist.destroy_process_group()
 """
+)
 
-HANG = PREAMBLE + """
+HANG = (
+    PREAMBLE
+    + """
 dist.barrier()
 if rank == 1:
     print("rank 1 is going to sleep")
@@ -50,6 +58,7 @@ if rank == 1:
 dist.barrier()
 dist.destroy_process_group()
 """
+)
 
 
 def _script(tmp_path: Path, body: str) -> Path:
@@ -66,8 +75,11 @@ def _assert_no_survivors(pid_file: Path, launcher_pid: int | None) -> None:
     deadline = time.monotonic() + 10
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in alive
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         time.sleep(0.2)
     assert not alive, f"processes left running after launch returned: {alive}"
     me = psutil.Process()
@@ -81,11 +93,19 @@ def test_success_streams_output_and_collects_reports(tmp_path, monkeypatch):
         busy_port = busy.getsockname()[1]
         offered = [busy_port]
         real_free_port = distributed.free_port
-        monkeypatch.setattr(distributed, "free_port",
-                            lambda host="127.0.0.1": offered.pop() if offered else real_free_port(host))
+        monkeypatch.setattr(
+            distributed,
+            "free_port",
+            lambda host="127.0.0.1": offered.pop() if offered else real_free_port(host),
+        )
         lines: list[str] = []
-        result = launch(_script(tmp_path, OK), nproc=2, args=[tmp_path / "pids.txt"],
-                        timeout=120, echo=lines.append)
+        result = launch(
+            _script(tmp_path, OK),
+            nproc=2,
+            args=[tmp_path / "pids.txt"],
+            timeout=120,
+            echo=lines.append,
+        )
     assert result.ok and result.returncode == 0
     assert result.port != busy_port
     assert result.reports == {0: {"rank": 0, "world": 2}, 1: {"rank": 1, "world": 2}}
@@ -100,8 +120,9 @@ def test_success_streams_output_and_collects_reports(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_crashing_rank_is_named_with_its_last_lines(tmp_path):
     with pytest.raises(LaunchError) as info:
-        launch(_script(tmp_path, CRASH), nproc=2, args=[tmp_path / "pids.txt"], timeout=120,
-               echo=None)
+        launch(
+            _script(tmp_path, CRASH), nproc=2, args=[tmp_path / "pids.txt"], timeout=120, echo=None
+        )
     err = info.value
     assert err.rank == 1
     assert err.returncode == 1
@@ -116,8 +137,13 @@ def test_hanging_rank_times_out_and_everything_is_reaped(tmp_path):
     timeout = 35.0
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(_script(tmp_path, HANG), nproc=2, args=[tmp_path / "pids.txt"], timeout=timeout,
-               echo=None)
+        launch(
+            _script(tmp_path, HANG),
+            nproc=2,
+            args=[tmp_path / "pids.txt"],
+            timeout=timeout,
+            echo=None,
+        )
     elapsed = time.monotonic() - start
     err = info.value
     assert "timed out after 35 s" in str(err)
@@ -138,8 +164,13 @@ def test_interrupting_the_cell_stops_every_process(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        launch(_script(tmp_path, HANG), nproc=2, args=[tmp_path / "pids.txt"], timeout=120,
-               echo=press_stop)
+        launch(
+            _script(tmp_path, HANG),
+            nproc=2,
+            args=[tmp_path / "pids.txt"],
+            timeout=120,
+            echo=press_stop,
+        )
     _assert_no_survivors(tmp_path / "pids.txt", None)
 
 
@@ -154,11 +185,47 @@ def test_busy_explicit_port_fails_at_once(tmp_path):
     assert not (tmp_path / "pids.txt").exists(), "no rank may start on a busy port"
 
 
-def test_missing_script_and_bad_nproc(tmp_path):
+def test_missing_script(tmp_path):
     with pytest.raises(FileNotFoundError, match="no script at"):
         launch(tmp_path / "nope.py")
-    with pytest.raises(ValueError, match="nproc must be at least 1"):
-        launch(_script(tmp_path, OK), nproc=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"nproc": 0}, ValueError, "nproc must be a whole number of processes, at least 1"),
+        ({"nproc": 2.5}, ValueError, "nproc must be a whole number"),
+        ({"nproc": True}, ValueError, "nproc must be a whole number"),
+        ({"nproc": "2"}, ValueError, "nproc must be a whole number"),
+        ({"nproc": 10**6}, ValueError, "is far more than this machine's"),
+        ({"timeout": float("nan")}, ValueError, "positive, finite number of seconds"),
+        ({"timeout": float("inf")}, ValueError, "positive, finite number of seconds"),
+        ({"timeout": 0}, ValueError, "positive, finite number of seconds"),
+        ({"timeout": -5}, ValueError, "positive, finite number of seconds"),
+        ({"timeout": "60"}, TypeError, "timeout must be a number of seconds"),
+        ({"timeout": True}, TypeError, "timeout must be a number of seconds"),
+        ({"port": "abc"}, ValueError, "port must be a whole number from 1 to 65535"),
+        ({"port": 70000}, ValueError, "port must be a whole number from 1 to 65535"),
+        ({"port": 0}, ValueError, "port must be a whole number from 1 to 65535"),
+        ({"args": "--epochs 3"}, TypeError, r"args must be a list of arguments"),
+    ],
+)
+def test_bad_arguments_are_one_sentence_before_anything_starts(tmp_path, kwargs, error, message):
+    before = psutil.Process().children(recursive=True)
+    start = time.monotonic()
+    with pytest.raises(error, match=message) as info:
+        launch(_script(tmp_path, OK), **{"args": [tmp_path / "pids.txt"], **kwargs})
+    assert time.monotonic() - start < 1.0
+    assert "\n" not in str(info.value)  # one sentence
+    assert psutil.Process().children(recursive=True) == before  # nothing was started
+    assert not (tmp_path / "pids.txt").exists()
+
+
+def test_a_reasonable_nproc_is_accepted_on_any_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 1)
+    assert distributed._check_arguments(_script(tmp_path, OK), 8, [], 10, None) == []
+    with pytest.raises(ValueError, match="at most 8 here"):
+        distributed._check_arguments(_script(tmp_path, OK), 9, [], 10, None)
 
 
 def test_command_is_standalone_with_an_explicit_port():
@@ -167,6 +234,9 @@ def test_command_is_standalone_with_an_explicit_port():
     assert "--nproc-per-node=4" in cmd and "--nnodes=1" in cmd
     assert "--rdzv-endpoint=127.0.0.1:12345" in cmd
     assert cmd[-3:] == ["train.py", "--epochs", "2"]
+    # the same arguments, the same command: a notebook can print it and compare it
+    assert cmd == distributed.torchrun_command("train.py", 4, ["--epochs", "2"], 12345)
+    assert "--rdzv-id=notebook-12345" in cmd and not any("--log-dir" in c for c in cmd)
 
 
 def test_failed_rank_is_read_from_the_root_cause_block():
@@ -186,21 +256,58 @@ Root Cause (first observed failure):
     assert distributed._describe_exit(2) == "exited with status 2"
 
 
-def test_rank_prefix_is_parsed_once():
-    match = distributed._RANK_LINE.match("[rank1] [rank1]: ValueError: boom")
-    assert match and match.group(1) == "1" and match.group(2) == "ValueError: boom"
-    assert distributed._RANK_LINE.match("W1129 12:00:00 torchrun says") is None
-
-
-def test_result_repr_has_no_timing():
+def test_result_repr_has_no_timing_and_names_malformed_reports():
     result = LaunchResult(nproc=2, returncode=0, wall_seconds=1.234, reports={1: {}, 0: {}})
-    assert "1.234" not in repr(result) and "[0, 1]" in repr(result)
+    assert repr(result) == "LaunchResult(nproc=2, returncode=0, reports from ranks [0, 1])"
+    result.report_errors = {1: "rank 1 wrote a result file that is not valid JSON"}
+    assert repr(result).endswith("reports from ranks [0, 1], malformed reports from ranks [1])")
+
+
+def test_command_line_is_the_command_as_one_shell_line():
+    cmd = distributed.torchrun_command("my job.py", nproc=2, args=["--name", "a b"], port=1234)
+    result = LaunchResult(nproc=2, returncode=0, wall_seconds=0.0, command=cmd)
+    assert result.command_line.endswith("'my job.py' --name 'a b'")
+    assert "--rdzv-endpoint=127.0.0.1:1234" in result.command_line
+
+
+# ------------------------------------------------------------------ each rank's lines stay its own
+
+M0, M1 = "\x1e0\x1f", "\x1e1\x1f"  # the marks torchrun puts before rank 0's and rank 1's lines
+
+
+def test_a_line_left_without_its_newline_is_not_glued_to_another_ranks():
+    lines = distributed._Lines()
+    # rank 1 printed "50%" without a newline; rank 0's next line was copied right behind it
+    assert lines.feed("stdout", f"{M1}progress 50%{M0}rank 0 line", True) == [(0, "rank 0 line")]
+    assert lines.feed("stdout", f"{M1} done", True) == [(1, "progress 50% done")]
+    assert lines.flush() == []
 
 
 def test_a_line_torchrun_copied_in_two_pieces_is_mended():
-    """torchrun copies a half-written line, then its newline with a second prefix: drop that prefix."""
-    from tutorial_utils.distributed import _RANK_LINE, _mend
+    lines = distributed._Lines()
+    assert lines.feed("stdout", f"{M0}stage 0 gradients equal: True{M0}", True) == [
+        (0, "stage 0 gradients equal: True")
+    ]
+    assert lines.feed("stdout", f"{M0}", True) == [(0, "")]  # a real empty line stays
 
-    match = _RANK_LINE.match("[rank0] stage 0 gradients equal one process's: True[rank0] ")
-    assert _mend(match.group(2)) == "stage 0 gradients equal one process's: True"
-    assert _mend("no prefix here") == "no prefix here"
+
+def test_streams_are_kept_apart_and_unfinished_lines_are_flushed_at_the_end():
+    lines = distributed._Lines()
+    assert lines.feed("stdout", f"{M1}no newline at exit", False) == []
+    assert lines.feed("stderr", f"{M1}[rank1]: ValueError: boom", True) == [
+        (1, "ValueError: boom")  # torch's own "[rank1]: " is dropped: one prefix is enough
+    ]
+    assert lines.feed("stderr", "W1129 12:00:00 torchrun's own line", True) == [
+        (None, "W1129 12:00:00 torchrun's own line")
+    ]
+    assert lines.flush() == [(1, "no newline at exit")]
+
+
+def test_a_malformed_report_names_its_rank_and_keeps_the_others(tmp_path):
+    (tmp_path / "rank0.json").write_text('{"rank": 0}')
+    (tmp_path / "rank1.json").write_text('{"rank": 1, "loss": ')
+    (tmp_path / "rank2.json").write_bytes(b"\xff\xfe")
+    reports, errors = distributed._read_reports(tmp_path)
+    assert reports == {0: {"rank": 0}}
+    assert sorted(errors) == [1, 2]
+    assert errors[1].startswith("rank 1 wrote a result file that is not valid JSON (")

@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import fake_program
 
 from tutorial_utils import doctor as doctor_mod
 from tutorial_utils.doctor import doctor, main, parse_requirement
@@ -14,7 +15,15 @@ def rows(report):
 def test_doctor_on_this_machine_never_raises():
     report = doctor()
     r = rows(report)
-    for name in ("Python", "torch", "NVML", "nvidia-smi", "GPUtil", "ipywidgets", "widget extension"):
+    for name in (
+        "Python",
+        "torch",
+        "NVML",
+        "nvidia-smi",
+        "GPUtil",
+        "ipywidgets",
+        "widget extension",
+    ):
         assert name in r, name
     text = str(report)
     assert "status" in text and "torch" in text
@@ -79,7 +88,9 @@ def test_mocked_gpus_listed(fake_cuda):
     assert "Needs 3 GPU(s) but found 2" in report.missing(["gpus=3"])[0]
 
 
-@pytest.mark.parametrize(("text", "parsed"), [("gpu", ("gpus", 1)), ("GPUS=2", ("gpus", 2)), ("widgets", ("widgets", 0))])
+@pytest.mark.parametrize(
+    ("text", "parsed"), [("gpu", ("gpus", 1)), ("GPUS=2", ("gpus", 2)), ("widgets", ("widgets", 0))]
+)
 def test_parse_requirement(text, parsed):
     assert parse_requirement(text) == parsed
 
@@ -105,14 +116,22 @@ def test_require_widgets_missing(monkeypatch, capsys):
     assert "ipywidgets" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_end_to_end():
     proc = subprocess.run(
         [sys.executable, "-m", "tutorial_utils", "doctor", "--require", "widgets"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Ready: widgets." in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "tutorial_utils", "nonsense"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
@@ -125,3 +144,41 @@ def test_where_running(monkeypatch):
     assert doctor_mod.where_running() == "Binder"
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261101")
     assert doctor_mod.where_running().startswith("Colab")
+
+
+def test_nvidia_smi_and_gputil_rows_from_a_working_nvidia_smi(tmp_path, monkeypatch):
+    fake_program(
+        tmp_path / "bin",
+        "nvidia-smi",
+        'case "$1" in\n'
+        "  --query-gpu=index,uuid,name) echo '0, GPU-5d6c0000-aaaa, NVIDIA H100' ;;\n"
+        "  *) echo '0, GPU-5d6c0000-aaaa, 3, 81559, 4, 81000, 570.1, NVIDIA H100, 1, "
+        "Disabled, Disabled, 30' ;;\n"
+        "esac\n",
+        monkeypatch,
+    )
+    r = rows(doctor(timeout_s=20))
+    assert (r["nvidia-smi"].status, r["nvidia-smi"].detail) == ("ok", "sees 1 GPU(s)")
+    assert r["GPUtil"].status == "ok" and "sees 1 GPU(s)" in r["GPUtil"].detail
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+def test_bad_timeout_is_one_sentence(bad, capsys):
+    assert main(["--timeout", bad]) == 2
+    err = capsys.readouterr().err
+    assert err == f"doctor: --timeout must be a positive number of seconds, got {bad!r}\n"
+
+
+def test_doctor_function_checks_its_timeout():
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        doctor(timeout_s=0)
+
+
+def test_without_nvidia_smi_gputil_sees_no_gpu_and_runs_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no nvidia-smi
+    r = rows(doctor())
+    assert r["nvidia-smi"].detail == "not on PATH (comes with the NVIDIA driver)"
+    assert (r["GPUtil"].status, r["GPUtil"].detail) == (
+        "info",
+        "1.4.0: sees 0 GPU(s); starts nvidia-smi on every call",
+    )

@@ -1,26 +1,53 @@
 """The capstone grader catches each way a training step can be wrong, and passes a right one."""
 
+import threading
+
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.checkpoint import checkpoint
 
 from tutorial_utils import memory
+from tutorial_utils.exercises import capstone, reset_attempts
 from tutorial_utils.exercises.capstone import CapstoneTask, grade
 from tutorial_utils.models import MLP, mlp_batch
 
 
-@pytest.fixture(scope="module")
-def task():
-    def make_model():
-        return MLP(d_in=64, d_hidden=256, d_out=5, depth=3, seed=0)
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
-    x = mlp_batch(1024, 64, seed=1)
-    y = torch.randint(0, 5, (1024,), generator=torch.Generator().manual_seed(2))
-    model = make_model()
-    plain = memory.breakdown(model, x, loss_fn=lambda out: nn.functional.cross_entropy(out, y), optimizer=torch.optim.Adam)
-    fixed = plain.parameters + plain.gradients + plain.optimizer_state + plain.inputs
-    budget = fixed + int(0.5 * (plain.peak - fixed))  # the plain step cannot fit; 4 micro-batches can
-    return CapstoneTask(make_model, x, y, budget_bytes=budget, device=torch.device("cpu"), lr=1e-3, steps=3)
+
+@pytest.fixture(scope="module")
+def task(one_thread):
+    def make_model():
+        return MLP(d_in=64, d_hidden=128, d_out=5, depth=3, seed=0)
+
+    x = mlp_batch(512, 64, seed=1)
+    y = torch.randint(0, 5, (512,), generator=torch.Generator().manual_seed(2))
+    peaks = {}
+    for name, step in [("plain", plain), ("micro", micro)]:
+        model = make_model()
+        optimizer = torch.optim.Adam(model.parameters())
+        step(model, optimizer, x, y)  # Adam makes its state in the first step
+        del model, optimizer
+        model = make_model()  # measured from a fresh model, as the grader's steps run
+        optimizer = torch.optim.Adam(model.parameters())
+        with memory.measure("cpu") as m:
+            for _ in range(2):
+                step(model, optimizer, x, y)
+        peaks[name] = m.peak_bytes
+        del model, optimizer
+    assert peaks["micro"] < 0.9 * peaks["plain"], peaks  # the budget below must separate them
+    budget = (peaks["plain"] + peaks["micro"]) // 2  # the plain step cannot fit; 4 micro can
+    return CapstoneTask(
+        make_model, x, y, budget_bytes=budget, device=torch.device("cpu"), lr=1e-3, steps=3
+    )
 
 
 def plain(model, optimizer, x, y):
@@ -90,3 +117,78 @@ def test_a_crashing_step_is_reported(task):
     fb = grade(broken, task).feedback
     assert "raised ValueError: shapes do not match" in str(fb)
     assert "must be a function" in str(grade(42, task).feedback)
+
+
+def _plain_in_a_thread(model, optimizer, x, y):
+    box = {}
+    worker = threading.Thread(target=lambda: box.update(loss=plain(model, optimizer, x, y)))
+    worker.start()
+    worker.join()
+    return box["loss"]
+
+
+def _plain_with_modes_popped(model, optimizer, x, y):
+    with _disable_current_modes():
+        return plain(model, optimizer, x, y)
+
+
+def _plain_with_dispatch_off(model, optimizer, x, y):
+    with torch._C._DisableTorchDispatch():
+        return plain(model, optimizer, x, y)
+
+
+@pytest.mark.parametrize(
+    ("step", "seen"),
+    [
+        (_plain_in_a_thread, "ran in another thread"),
+        (_plain_with_modes_popped, "ran with the dispatch modes popped"),
+        (_plain_with_dispatch_off, "ran with torch dispatch turned off"),
+    ],
+)
+def test_a_step_hidden_from_the_accountant_is_refused(task, step, seen):
+    fb = grade(step, task).feedback
+    assert not fb.passed
+    assert seen in str(fb) and "could not count part of your step's memory" in str(fb)
+
+
+def test_the_books_are_checked_against_what_the_step_made(task, monkeypatch):
+    """Even with the hooks blind, a step the accountant did not see is caught by the books."""
+
+    def blind(self, what):
+        self.forwards += 1
+
+    monkeypatch.setattr(capstone._Watch, "_check", blind)
+    fb = grade(_plain_in_a_thread, task).feedback
+    assert not fb.passed
+    assert "less than the gradients and optimizer state your step made" in str(fb)
+
+
+def test_a_checkpointed_step_in_the_calling_thread_passes(task):
+    def checkpointed(model, optimizer, x, y, k=4):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
+            out = checkpoint(model, xc, use_reentrant=False)
+            loss = nn.functional.cross_entropy(out, yc) / k
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        return total
+
+    result = grade(checkpointed, task)
+    assert result.feedback.passed, str(result.feedback)
+
+
+def test_a_step_that_returns_no_loss_is_told_so(task):
+    fb = grade(lambda *a: (micro(*a), None)[1], task).feedback
+    assert "must return the batch's loss as a finite number, not None" in str(fb)
+
+
+def test_first_failure_hints_second_explains(task):
+    reset_attempts()
+    first = grade(plain, task).feedback
+    assert not first.detailed and "ran out of memory" in repr(first)
+    assert "Fix:" not in repr(first)
+    second = grade(plain, task).feedback
+    assert second.detailed and "Fix:" in repr(second)
+    reset_attempts()

@@ -25,7 +25,9 @@ def test_shape_tensor_wrong_device_and_dtype():
     assert "pass device=t.device" in str(check_shape_tensor(lambda t: torch.tensor(t.shape)))
     fb = check_shape_tensor(lambda t: torch.tensor(t.shape, device=t.device, dtype=torch.float32))
     assert "int64" in str(fb)
-    assert "values" in str(check_shape_tensor(lambda t: torch.tensor(list(t.shape)[::-1], device=t.device)))
+    assert "values" in str(
+        check_shape_tensor(lambda t: torch.tensor(list(t.shape)[::-1], device=t.device))
+    )
 
 
 def _build_ref(device):

@@ -80,8 +80,16 @@ def test_move_reference_passes():
     ("wrong", "message"),
     [
         (lambda b, d: b, "is on cpu, not meta"),
-        (lambda b, d: {k: move_ref(v, d) if k != "pair" else list(move_ref(v, d)) for k, v in b.items()}, "tuple"),
-        (lambda b, d: move_ref(b, torch.device(d)) | {"x": b["x"].to(d, torch.float32)}, "changed dtype"),
+        (
+            lambda b, d: {
+                k: move_ref(v, d) if k != "pair" else list(move_ref(v, d)) for k, v in b.items()
+            },
+            "tuple",
+        ),
+        (
+            lambda b, d: move_ref(b, torch.device(d)) | {"x": b["x"].to(d, torch.float32)},
+            "changed dtype",
+        ),
         (lambda b, d: [b], "dict must come back as a dict"),
         (lambda b, d: b.to(d), "raised AttributeError"),
     ],

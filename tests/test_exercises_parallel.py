@@ -65,7 +65,7 @@ def test_microbatch_step_passes_scaled_losses_and_names_the_factor():
 
     assert check_microbatch_step(right, model, x, y, m=4).passed
     fb = check_microbatch_step(unscaled, model, x, y, m=4)
-    assert not fb.passed and any("4x too large" in h for h in fb.hints)
+    assert not fb.passed and "4x too large" in str(fb)
     fb = check_microbatch_step(forgets_backward, model, x, y, m=4)
     assert not fb.passed and "no gradient" in str(fb)
     assert all(p.grad is None for p in model.parameters()), "the checker must not touch the model"
@@ -84,13 +84,15 @@ def _reference_params() -> torch.Tensor:
     X, Y = data.tensors
     model = build_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    samplers = [DistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=0) for r in (0, 1)]
+    samplers = [
+        DistributedSampler(data, num_replicas=2, rank=r, shuffle=True, seed=0) for r in (0, 1)
+    ]
     for epoch in range(3):
         for s in samplers:
             s.set_epoch(epoch)
         shards = [list(s) for s in samplers]
         for k in range(0, len(shards[0]), 8):
-            idx = shards[0][k:k + 8] + shards[1][k:k + 8]
+            idx = shards[0][k : k + 8] + shards[1][k : k + 8]
             opt.zero_grad()
             F.mse_loss(model(X[idx]), Y[idx]).backward()
             opt.step()

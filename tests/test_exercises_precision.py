@@ -1,11 +1,21 @@
-"""The notebook-06 checkers: right answers pass, each typical mistake fails with a useful message."""
+"""The notebook-06 checkers: right answers pass, each typical mistake fails with a useful reason."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from tutorial_utils.exercises import precision as ex
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_fp16_fate_matches_ieee() -> None:
@@ -17,10 +27,15 @@ def test_fp16_fate_matches_ieee() -> None:
 
 
 def test_fp16_survival_right_and_wrong() -> None:
-    assert ex.check_fp16_survival({70000.0: "inf", 1e-9: "0", 1.0: "ok"}).passed
-    fb = ex.check_fp16_survival({70000.0: "ok", 1e-9: "0"})
+    right = {70000.0: "inf", 60000.0: "ok", 1e-4: "ok", 1e-9: "0"}
+    assert ex.check_fp16_survival(right).passed
+    assert ex.check_fp16_survival({70000.0: "inf", 1e-9: " 0", 1.0: "OK"}, [70000.0, 1e-9]).passed
+    fb = ex.check_fp16_survival(right | {70000.0: "ok"})
     assert not fb.passed
     assert any("65504" in p for p in fb.problems)
+    assert not ex.check_fp16_survival(right | {1.0: "inf"}).passed  # extra values are checked too
+    missing = ex.check_fp16_survival({70000.0: "inf"})
+    assert not missing.passed and "60000.0, 0.0001, 1e-09 is missing" in str(missing)
     assert not ex.check_fp16_survival({1.0: "TODO"}).passed
     assert not ex.check_fp16_survival({}).passed
 
@@ -87,4 +102,12 @@ def test_amp_step_wrong_loss_fails() -> None:
         return loss
 
     fb = ex.check_amp_step(wrong_loss)
-    assert not fb.passed and any("reference" in p for p in fb.problems)
+    assert not fb.passed and any("this batch's loss is" in p for p in fb.problems)
+
+    def wrong_loss_returns_right_one(model, optimizer, scaler, inputs, targets, device_type, dtype):
+        wrong_loss(model, optimizer, scaler, inputs, targets, device_type, dtype)
+        with torch.no_grad(), torch.autocast(device_type, dtype=dtype):
+            return nn.functional.cross_entropy(model(inputs), targets)
+
+    fb = ex.check_amp_step(wrong_loss_returns_right_one)
+    assert not fb.passed and any("reference" in p or "batch's loss" in p for p in fb.problems)

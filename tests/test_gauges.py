@@ -8,7 +8,7 @@ import time
 
 import matplotlib
 import pytest
-from test_nvml import GiB, fake_nvml  # noqa: F401  (fixture)
+from conftest import GiB
 
 from tutorial_utils import gauges
 from tutorial_utils.gauges import MIN_PERIOD_S, LiveGauge, _Schedule
@@ -34,7 +34,14 @@ class Counter(Source):
         self.reads += 1
         if self.fail_with is not None and self.reads > self.fail_after:
             raise self.fail_with
-        return [Reading("dev", used_bytes=self.reads * MiB, total_bytes=64 * MiB, peak_bytes=(self.reads + 1) * MiB)]
+        return [
+            Reading(
+                "dev",
+                used_bytes=self.reads * MiB,
+                total_bytes=64 * MiB,
+                peak_bytes=(self.reads + 1) * MiB,
+            )
+        ]
 
     def close(self):
         self.closed += 1
@@ -67,6 +74,20 @@ def test_period_below_minimum_is_rejected_with_a_clear_error():
     with pytest.raises(ValueError, match="number of seconds"):
         LiveGauge(sources=[Counter()], period_s=float("nan"))
     LiveGauge(sources=[Counter()], period_s=0.02)  # the minimum itself is fine
+
+
+@pytest.mark.parametrize("period", [1e300, 3601, float("inf")])
+def test_huge_period_is_rejected_before_a_thread_starts(period):
+    with pytest.raises(ValueError, match="above the maximum of 3600 s|number of seconds"):
+        LiveGauge(sources=[Counter()], period_s=period)
+    assert gauge_threads() == []
+    LiveGauge(sources=[Counter()], period_s=3600)  # the maximum itself is fine
+
+
+@pytest.mark.parametrize("bad", [{"period_s": True}, {"max_samples": 0}, {"max_samples": 2.5}])
+def test_other_bad_parameters_are_one_sentence(bad):
+    with pytest.raises(ValueError, match="must be a"):
+        LiveGauge(sources=[Counter()], **bad)
 
 
 def test_text_form_is_constant_while_values_change():
@@ -204,7 +225,9 @@ def test_source_failing_mid_run_marks_its_row_and_the_rest_keep_going():
 
 
 def test_unexpected_exception_in_a_source_is_shown_not_raised(capfd):
-    gauge = LiveGauge(sources=[Counter(fail_with=ZeroDivisionError("division by zero"))], period_s=0.02)
+    gauge = LiveGauge(
+        sources=[Counter(fail_with=ZeroDivisionError("division by zero"))], period_s=0.02
+    )
     with gauge:
         time.sleep(0.2)
         assert gauge.running
@@ -228,6 +251,65 @@ def test_error_in_the_thread_shows_in_the_widget_and_prints_nothing(capfd, monke
     monkeypatch.undo()
     gauge.stop()
     assert hooked == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_a_thread_that_dies_outside_a_tick_shows_why(capfd, monkeypatch):
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args))
+
+    def broken(self, now):
+        raise OverflowError("timestamp out of range for platform time_t")
+
+    monkeypatch.setattr(_Schedule, "advance", broken)
+    gauge = LiveGauge(sources=[Counter()], period_s=0.02).start()
+    assert wait_for(lambda: not gauge.running)
+    assert gauge.error == (
+        "the sampling thread stopped: OverflowError: timestamp out of range for platform time_t"
+    )
+    assert "gauge error: the sampling thread stopped: OverflowError" in gauge.widget.value
+    assert "stopped by an error" in gauge.widget.value
+    gauge.stop()
+    assert gauge.error.startswith("the sampling thread stopped")  # stop() keeps it visible
+    assert hooked == [] and capfd.readouterr() == ("", "")
+
+
+class Malformed(Counter):
+    name = "malformed"
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def read(self):
+        self.reads += 1
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (None, "read() returned NoneType, not a list of Reading"),
+        ({"dev": 1}, "read() returned dict, not a list of Reading"),
+        (["12 MiB"], "read() returned a str in its list, not a Reading"),
+        ([Reading("dev", used_bytes="12 MiB")], "used_bytes='12 MiB' is not a whole number"),
+        ([Reading("dev", used_bytes=-1)], "used_bytes=-1 is not a whole number of bytes"),
+        ([Reading("dev", total_bytes=1.5)], "total_bytes=1.5 is not a whole number of bytes"),
+        ([Reading("dev", peak_bytes=True)], "peak_bytes=True is not a whole number of bytes"),
+        ([Reading("dev", utilization_pct=float("nan"))], "utilization_pct=nan is not a number"),
+        ([Reading(7, used_bytes=1)], "a reading's label must be text, got 7"),
+    ],
+)
+def test_a_malformed_reading_is_an_error_row_and_stop_still_works(value, why, capfd):
+    good = Counter()
+    good.name = "good"
+    gauge = LiveGauge(sources=[Malformed(value), good], period_s=0.02)
+    with gauge:
+        assert wait_for(lambda: good.reads >= 3)
+        assert gauge.running and gauge.error == ""
+    assert gauge.error == ""  # stop() did not fail
+    assert why in row_text(gauge, "malformed").replace("&#x27;", "'")
+    assert any(s.source == "malformed" and s.error for s in gauge.samples)
     assert capfd.readouterr() == ("", "")
 
 
@@ -259,7 +341,10 @@ def test_broken_nvidia_smi_row_is_unavailable_and_psutil_keeps_running(broken_nv
     gauge = LiveGauge(sources=["gputil", "psutil"], period_s=0.05)
     with gauge:
         assert wait_for(lambda: len([s for s in gauge.samples if s.label == "process"]) >= 3)
-    assert "unavailable: nvidia-smi gave output GPUtil cannot parse (GPUtil raised ValueError" in row_text(gauge, "gputil")
+    assert (
+        "unavailable: nvidia-smi gave output GPUtil cannot parse (GPUtil raised ValueError"
+        in row_text(gauge, "gputil")
+    )
     assert gauge.peaks["process"] > 0
 
 
@@ -272,17 +357,21 @@ def test_no_gpu_rows_say_why(monkeypatch, tmp_path):
     gauge = LiveGauge(sources=["nvml", "gputil", "psutil"], period_s=0.05)
     with gauge:
         pass
-    assert "unavailable: the NVIDIA driver's NVML library was not found" in row_text(gauge, "nvml").replace("&#x27;", "'")
+    assert "unavailable: the NVIDIA driver's NVML library was not found" in row_text(
+        gauge, "nvml"
+    ).replace("&#x27;", "'")
     assert "unavailable: nvidia-smi is not on PATH" in row_text(gauge, "gputil")
     assert "used" in row_text(gauge, "process")
 
 
-def test_nvml_failing_mid_run_in_the_gauge(fake_nvml):  # noqa: F811
+def test_nvml_failing_mid_run_in_the_gauge(fake_nvml):
     fake_nvml.fail_after = 4  # two full reads, then the GPU is lost
     gauge = LiveGauge(sources=["nvml", "psutil"], period_s=0.02)
     with gauge:
         assert wait_for(lambda: len([s for s in gauge.samples if s.label == "process"]) >= 6)
-    assert "unavailable: NVML query failed: GPU is lost" in row_text(gauge, "NVML cuda:0 (NVIDIA A)")
+    assert "unavailable: NVML query failed: GPU is lost" in row_text(
+        gauge, "NVML cuda:0 (NVIDIA A)"
+    )
     assert gauge.peaks["NVML cuda:1 (NVIDIA B)"] == 3 * GiB
     assert fake_nvml.init_calls == fake_nvml.shutdown_calls == 1
 
@@ -293,6 +382,7 @@ def test_psutil_error_mid_run(monkeypatch):
     src = gauges.make_source("psutil")
     gauge = LiveGauge(sources=[src], period_s=0.02)
     with gauge:
+
         def denied():
             raise psutil.AccessDenied(0)
 
@@ -371,7 +461,11 @@ def test_strict_nbval_passes_on_a_notebook_with_a_running_gauge(tmp_path):
         "gauge",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     NotebookClient(nb, timeout=120, kernel_name="python3").execute()
 
     def plain(cell):
@@ -384,8 +478,21 @@ def test_strict_nbval_passes_on_a_notebook_with_a_running_gauge(tmp_path):
     path = tmp_path / "gauge.ipynb"
     nbformat.write(nb, path)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval", "--nbval-current-env", "-p", "no:cacheprovider", "-q", str(path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--nbval",
+            "--nbval-current-env",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            str(path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "4 passed" in run.stdout

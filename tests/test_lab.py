@@ -1,38 +1,57 @@
 """`make lab` binds to 127.0.0.1 with a token, also as root; a real server is started once."""
 
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tutorial_utils.lab import lab_command
+from tutorial_utils import lab
+from tutorial_utils.lab import lab_command, parse_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_command_binds_localhost_with_a_token():
+def test_command_binds_localhost_never_moves_port_and_holds_no_token():
     cmd = lab_command("notebooks", port=9999, is_root=False)
-    assert "--ServerApp.ip=127.0.0.1" in cmd
+    assert "--ServerApp.ip=127.0.0.1" in cmd and "--ServerApp.port=9999" in cmd
+    assert "--ServerApp.port_retries=0" in cmd  # a busy port is an error, never a silent move
     assert not any("0.0.0.0" in part for part in cmd)
-    token = next(p.split("=", 1)[1] for p in cmd if p.startswith("--IdentityProvider.token="))
-    assert len(token) >= 32
+    assert not any("token" in part.lower() for part in cmd)  # any user can read a command line
     assert "--allow-root" not in cmd
-    assert lab_command("notebooks", token="", is_root=True)[-1] == "--allow-root"
-    # an empty token is replaced, never passed through
-    assert all(p != "--IdentityProvider.token=" for p in lab_command("notebooks", token=""))
+    assert lab_command("notebooks", is_root=True)[-1] == "--allow-root"
 
 
-def test_tokens_differ_between_launches():
-    a, b = (next(p for p in lab_command() if "token=" in p) for _ in range(2))
-    assert a != b
+@pytest.mark.parametrize("text", ["abc", "", "0", "65536", "-1", "8888.5", "80 80"])
+def test_bad_port_is_one_sentence(text):
+    with pytest.raises(ValueError, match="whole number from 1 to 65535") as info:
+        parse_port(text)
+    assert "\n" not in str(info.value)
+    assert parse_port(" 9000 ") == 9000
+
+
+def test_port_from_the_environment_is_checked(monkeypatch, capsys):
+    monkeypatch.setenv("PORT", "abc")
+    assert lab.main(["--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lab: the port must be a whole number") and err.count("\n") == 1
+
+
+def test_busy_port_is_refused_before_anything_starts(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        before = psutil.Process().children(recursive=True)
+        assert lab.main(["--no-browser", "--port", str(port)]) == 2
+        assert psutil.Process().children(recursive=True) == before
+    out, err = capsys.readouterr()
+    assert "token" not in out + err
+    assert err.startswith(f"lab: port {port} is already in use on 127.0.0.1")
+    assert err.count("\n") == 1
 
 
 def test_makefile_lab_uses_the_launcher():
@@ -41,46 +60,60 @@ def test_makefile_lab_uses_the_launcher():
     assert "-m tutorial_utils lab" in lab_recipe
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.mark.slow
+def test_real_server_needs_its_own_token(start_lab, tmp_path):
+    # A JUPYTER_TOKEN in the learner's environment would win over ours: it must not be used.
+    run = start_lab(env={"JUPYTER_TOKEN": "not-secret"})
+    token = run.wait_ready()
+    assert len(token) >= 32 and token != "not-secret"
+    assert list(tmp_path.glob("tutorial-lab-*")) == []  # the token file is gone once it is up
+    base = f"http://127.0.0.1:{run.port}/api/contents"
+    for bad in ("", "?token=not-secret"):
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(base + bad, timeout=10)
+        assert denied.value.code == 403
+    with urllib.request.urlopen(f"{base}?token={token}", timeout=10) as ok:
+        names = ok.read().decode()
+    assert "00_start_here.ipynb" in names or '"content"' in names
+    assert "0.0.0.0" not in run.text()
 
 
 @pytest.mark.slow
-def test_real_server_needs_the_token(tmp_path):
-    port = _free_port()
-    log = tmp_path / "lab.log"
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
-    with log.open("w") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tutorial_utils", "lab", "--no-browser", "--port", str(port)],
-            cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+def test_a_configuration_that_turns_the_token_off_is_refused(start_lab):
+    run = start_lab(config="c.IdentityProvider.token = ''\n")
+    assert run.proc.wait(timeout=180) == 1
+    text = run.text()
+    assert "lab: your Jupyter configuration turns the token off" in text
+    assert "token=" not in text.replace("token=...", "")
+
+
+@pytest.mark.slow
+def test_a_port_taken_after_the_check_is_an_error_not_a_move(tmp_path):
+    """Another program takes the port between the check and Jupyter's start: Jupyter must not
+    move to the next port (port_retries=0), and no address with the token is printed."""
+    code = (
+        "import sys\n"
+        "from tutorial_utils import lab\n"
+        "lab._port_busy = lambda port: False  # the check saw it free\n"
+        "sys.exit(lab.main(['--no-browser', '--port', sys.argv[1]]))\n"
+    )
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+        "TMPDIR": str(tmp_path),
+    }
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
-    try:
-        token = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and token is None:
-            text = log.read_text()
-            m = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", text)
-            if m and "is running at" in text:
-                token = m.group(1)
-            if proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited early:\n{text}")
-            time.sleep(0.3)
-        assert token, log.read_text()
-        base = f"http://127.0.0.1:{port}/api/contents"
-        with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(base, timeout=10)
-        assert denied.value.code == 403
-        with urllib.request.urlopen(f"{base}?token={token}", timeout=10) as ok:
-            names = ok.read().decode()
-        assert "00_start_here.ipynb" in names or '"content"' in names
-        assert "0.0.0.0" not in log.read_text()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    assert run.returncode == 1
+    assert "lab: JupyterLab stopped before it was ready" in run.stderr
+    assert "is ready at" not in run.stdout and f":{port + 1}/" not in run.stdout + run.stderr
+    assert list(tmp_path.glob("tutorial-lab-*")) == []

@@ -52,7 +52,9 @@ def test_freed_memory_shows_a_negative_delta(shell, capsys):
 def test_error_in_the_cell_is_raised_after_the_measurement(shell, capsys):
     result = shell.run_cell("%%peak\nw = torch.empty(1024, 1024)\nraise KeyError('boom')\n")
     assert isinstance(result.error_in_exec, KeyError)
-    assert "until the error: peak +4.00 MiB, delta +4.00 MiB (cpu, exact)" in capsys.readouterr().out
+    assert (
+        "until the error: peak +4.00 MiB, delta +4.00 MiB (cpu, exact)" in capsys.readouterr().out
+    )
 
 
 def test_magics_inside_the_cell_still_work(shell, capsys):

@@ -267,7 +267,9 @@ def test_breakdown_counts_tied_weights_once():
     assert b.parameters == sum(p.numel() * 4 for p in model.parameters())  # parameters() dedups
     assert b.gradients == b.parameters
     rows = {m.name: m for m in b.modules}
-    assert rows["embed"].parameters == 2000 * 64 * 4 and rows["out"].parameters == 0  # the shared weight
+    assert (
+        rows["embed"].parameters == 2000 * 64 * 4 and rows["out"].parameters == 0
+    )  # the shared weight
     assert sum(m.parameters for m in b.modules) == b.parameters
 
 
@@ -334,10 +336,14 @@ def test_estimate_equals_breakdown_for_the_facts_example():
     real = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam)
     assert _same(memory.estimate(mlp_160(), x, optimizer=torch.optim.Adam), real)
     assert _same(memory.estimate(mlp_160, (256, 1024), optimizer=torch.optim.Adam), real)
-    assert _same(memory.estimate(mlp_160, memory.spec((256, 1024)), optimizer=torch.optim.Adam), real)
+    assert _same(
+        memory.estimate(mlp_160, memory.spec((256, 1024)), optimizer=torch.optim.Adam), real
+    )
     with torch.device("meta"):
         on_meta = mlp_160()
-    assert _same(memory.estimate(on_meta, (256, 1024), optimizer=torch.optim.Adam, device="cpu"), real)
+    assert _same(
+        memory.estimate(on_meta, (256, 1024), optimizer=torch.optim.Adam, device="cpu"), real
+    )
     assert memory.estimate(mlp_160, (256, 1024)).estimated and not real.estimated
 
 
@@ -353,8 +359,12 @@ def test_estimate_allocates_nothing():
 
 
 def test_estimate_takes_token_inputs_and_several_inputs():
-    real = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.AdamW)
-    est = memory.estimate(models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.AdamW)
+    real = memory.breakdown(
+        models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.AdamW
+    )
+    est = memory.estimate(
+        models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.AdamW
+    )
     assert _same(est, real)
 
     class TwoInputs(nn.Module):
@@ -366,14 +376,19 @@ def test_estimate_takes_token_inputs_and_several_inputs():
             return self.a(x) + self.b(y)
 
     x, y = torch.randn(4, 32), torch.randn(4, 16)
-    assert _same(memory.estimate(TwoInputs, ((4, 32), (4, 16))), memory.breakdown(TwoInputs(), (x, y)))
+    assert _same(
+        memory.estimate(TwoInputs, ((4, 32), (4, 16))), memory.breakdown(TwoInputs(), (x, y))
+    )
 
 
 def test_estimate_leaves_the_model_untouched():
     model = models.MLP()
     before = [p.clone() for p in model.parameters()]
     memory.estimate(model, models.mlp_batch(4), optimizer=torch.optim.SGD)
-    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) and b.grad is None
+        for a, b in zip(before, model.parameters(), strict=True)
+    )
 
 
 def test_estimate_names_the_module_whose_forward_fails():
@@ -390,12 +405,16 @@ def test_estimate_names_the_module_whose_forward_fails():
         def forward(self, x):
             return self.picky(self.lin(x))
 
-    with pytest.raises(memory.EstimateError, match=r"could not run picky \(DataDependent\) on fake tensors"):
+    with pytest.raises(
+        memory.EstimateError, match=r"could not run picky \(DataDependent\) on fake tensors"
+    ):
         memory.estimate(Net, (4, 8))
 
 
 def test_estimate_explains_a_shape_mismatch_without_a_traceback(caplog):
-    with pytest.raises(memory.EstimateError, match=r"could not run net.0 \(Linear\) on fake tensors: RuntimeError"):
+    with pytest.raises(
+        memory.EstimateError, match=r"could not run net.0 \(Linear\) on fake tensors: RuntimeError"
+    ):
         memory.estimate(models.MLP, (4, 255))  # the MLP expects 256 features
     assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
 
@@ -413,17 +432,27 @@ def test_estimate_rejects_bad_arguments():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_estimate_agrees_for_low_precision_models(dtype):
-    real = memory.breakdown(models.MLP().to(dtype), models.mlp_batch(16).to(dtype), optimizer=torch.optim.AdamW)
-    est = memory.estimate(lambda: models.MLP().to(dtype), memory.spec((16, 256), dtype), optimizer=torch.optim.AdamW)
+    real = memory.breakdown(
+        models.MLP().to(dtype), models.mlp_batch(16).to(dtype), optimizer=torch.optim.AdamW
+    )
+    est = memory.estimate(
+        lambda: models.MLP().to(dtype), memory.spec((16, 256), dtype), optimizer=torch.optim.AdamW
+    )
     assert _same(est, real)
     assert real.parameters == sum(p.numel() for p in models.MLP().parameters()) * 2
 
 
 def test_estimate_agrees_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        real = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam)
-        est = memory.estimate(models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.Adam)
-    plain = memory.breakdown(models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam)
+        real = memory.breakdown(
+            models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam
+        )
+        est = memory.estimate(
+            models.TinyTransformer, memory.spec((8, 16), torch.long), optimizer=torch.optim.Adam
+        )
+    plain = memory.breakdown(
+        models.TinyTransformer(), models.token_batch(8), optimizer=torch.optim.Adam
+    )
     assert _same(est, real)
     assert real.activations != plain.activations  # autocast really changed what was saved
 
@@ -437,7 +466,9 @@ def test_estimate_agrees_under_autocast():
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
     opt=st.sampled_from([None, torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW]),
 )
-def test_estimate_matches_breakdown_over_shapes_and_dtypes(batch, d_in, d_hidden, depth, dtype, opt):
+def test_estimate_matches_breakdown_over_shapes_and_dtypes(
+    batch, d_in, d_hidden, depth, dtype, opt
+):
     def make():
         return models.MLP(d_in=d_in, d_hidden=d_hidden, d_out=3, depth=depth).to(dtype)
 
@@ -456,7 +487,9 @@ def test_estimate_matches_breakdown_over_shapes_and_dtypes(batch, d_in, d_hidden
     opt=st.sampled_from([None, torch.optim.SGD, torch.optim.AdamW]),
 )
 def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
-    real = memory.breakdown(models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt)
+    real = memory.breakdown(
+        models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt
+    )
     est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
     assert est.as_dict() == real.as_dict()
 
@@ -484,11 +517,19 @@ class FakeAllocator:
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: self.peak)
         monkeypatch.setattr(cuda, "memory_reserved", lambda *a: self.reserved)
         monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: self.reserved)
-        monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda *a: setattr(self, "peak", self.allocated))
+        monkeypatch.setattr(
+            cuda, "reset_peak_memory_stats", lambda *a: setattr(self, "peak", self.allocated)
+        )
         monkeypatch.setattr(cuda, "empty_cache", lambda: None)
-        monkeypatch.setattr(cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30}))
-        monkeypatch.setattr(cuda, "get_per_process_memory_fraction", lambda i: self.fraction, raising=False)
-        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", lambda f, i: self.fractions_set.append(f))
+        monkeypatch.setattr(
+            cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30})
+        )
+        monkeypatch.setattr(
+            cuda, "get_per_process_memory_fraction", lambda i: self.fraction, raising=False
+        )
+        monkeypatch.setattr(
+            cuda, "set_per_process_memory_fraction", lambda f, i: self.fractions_set.append(f)
+        )
 
 
 def test_cuda_measure_keeps_the_outer_peak_when_an_inner_block_resets_it(monkeypatch):
@@ -531,7 +572,9 @@ def test_cuda_tracker_reads_the_allocator(monkeypatch):
 def test_fake_tensors_never_count_against_real_memory():
     with memory.measure("cpu") as m:
         with memory.budget("1 MiB"):  # far below what the estimated step needs
-            b = memory.estimate(models.ConvNet, (64, 3, 32, 32), optimizer=torch.optim.Adam, device="cpu")
+            b = memory.estimate(
+                models.ConvNet, (64, 3, 32, 32), optimizer=torch.optim.Adam, device="cpu"
+            )
     assert b.peak > 32 * MiB
     assert m.peak_above_start_bytes < 64 * 1024  # a few real scalars at most
 
@@ -548,7 +591,9 @@ def test_starting_the_count_is_quick_and_does_not_import_dynamo():
         "    x = torch.zeros(1024)\n"
         "print(m.delta_bytes, 'torch._dynamo' in sys.modules, time.perf_counter() - t)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[:2] == ["4096", "False"]
     assert float(out[2]) < 2.0  # importing torch._dynamo alone takes about 3 s here
 

@@ -1,13 +1,15 @@
-"""tutorial_utils.monitor: each source says whether it can read, reads in bytes, fails in one sentence."""
+"""tutorial_utils.monitor: each source says if it can read, reads bytes, fails in one sentence."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 import psutil
 import pytest
 import torch
-from test_nvml import GiB, fake_nvml  # noqa: F401  (fixture)
+from conftest import FakeNvml, GiB, alive, fake_program, install_fake_nvml
 
 from tutorial_utils import monitor
 from tutorial_utils.monitor import (
@@ -65,10 +67,24 @@ def test_make_source_rejects_unknown_name():
         make_source("nvidia-smi")
 
 
-def test_reading_summary_in_binary_units():
-    r = Reading("cuda:0", used_bytes=GiB, reserved_bytes=2 * GiB, total_bytes=16 * GiB, peak_bytes=3 * GiB, utilization_pct=42)
-    assert r.summary() == "1.00 GiB used, 2.00 GiB reserved, of 16.00 GiB, peak 3.00 GiB, 42% busy"
-    assert Reading("x").summary() == "no data"
+def test_reading_parts_in_binary_units():
+    r = Reading(
+        "cuda:0",
+        used_bytes=GiB,
+        reserved_bytes=2 * GiB,
+        total_bytes=16 * GiB,
+        peak_bytes=3 * GiB,
+        utilization_pct=42,
+    )
+    assert [text for _, text in r.parts()] == [
+        "1.00 GiB used",
+        "2.00 GiB reserved",
+        "of 16.00 GiB",
+        "peak 3.00 GiB",
+        "42% busy",
+    ]
+    assert r.parts(peak_bytes=4 * GiB)[3] == ("peak", "peak 4.00 GiB")
+    assert Reading("x").parts() == []
 
 
 # ------------------------------------------------------------------ psutil
@@ -118,7 +134,7 @@ def test_nvml_without_driver_is_unavailable_with_reason():
     src.close()
 
 
-def test_nvml_rows_in_cuda_order_with_utilization(fake_nvml):  # noqa: F811
+def test_nvml_rows_in_cuda_order_with_utilization(fake_nvml):
     src = NvmlSource()
     src.open()
     assert src.available
@@ -130,7 +146,7 @@ def test_nvml_rows_in_cuda_order_with_utilization(fake_nvml):  # noqa: F811
     assert fake_nvml.shutdown_calls == 1
 
 
-def test_nvml_failing_mid_run_raises_source_error(fake_nvml):  # noqa: F811
+def test_nvml_failing_mid_run_raises_source_error(fake_nvml):
     fake_nvml.fail_after = 2  # one full read of two GPUs, then the driver goes away
     src = NvmlSource()
     src.open()
@@ -167,7 +183,12 @@ def test_gputil_reads_mib_as_bytes_and_maps_uuid(fake_nvidia_smi, monkeypatch):
     src = GPUtilSource()
     src.open()
     b, a = src.read()  # nvidia-smi (PCI) order
-    assert (b.label, b.used_bytes, b.total_bytes, b.utilization_pct) == ("GPUtil cuda:1", 3072 * MiB, 80 * GiB, 55)
+    assert (b.label, b.used_bytes, b.total_bytes, b.utilization_pct) == (
+        "GPUtil cuda:1",
+        3072 * MiB,
+        80 * GiB,
+        55,
+    )
     assert (a.label, a.used_bytes) == ("GPUtil cuda:0", 1024 * MiB)
     assert src.last_call_s > 0 and a.note.endswith("ms per call (one nvidia-smi process)")
 
@@ -206,7 +227,11 @@ def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
     assert src.available, src.reason
     rows = src.read()
     assert [r.label for r in rows] == ["cuda:0", "cuda:1"]
-    assert (rows[1].used_bytes, rows[1].reserved_bytes, rows[1].peak_bytes) == (2 * MiB, 4 * MiB, 6 * MiB)
+    assert (rows[1].used_bytes, rows[1].reserved_bytes, rows[1].peak_bytes) == (
+        2 * MiB,
+        4 * MiB,
+        6 * MiB,
+    )
     assert rows[0].total_bytes == 16 * GiB
 
     def lost(i=None):
@@ -216,3 +241,48 @@ def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
     with pytest.raises(SourceError, match="torch could not read cuda:0"):
         src.read()
     src.close()
+
+
+def test_nvml_that_does_not_answer_makes_the_source_unavailable(monkeypatch):
+    install_fake_nvml(monkeypatch, FakeNvml([("NVIDIA A", "GPU-aaaa", GiB, 0, 1)], hang_s=0.5))
+    src = NvmlSource(timeout_s=0.1)
+    start = time.monotonic()
+    src.open()
+    assert time.monotonic() - start < 0.45
+    assert not src.available and "timed out after 0.1 s" in src.reason
+    src.close()
+
+
+def test_gputil_with_a_hung_nvidia_smi_times_out_and_leaves_nothing_running(hanging_nvidia_smi):
+    import GPUtil
+
+    src = GPUtilSource(timeout_s=0.5)
+    src.open()
+    assert src.available
+    start = time.monotonic()
+    with pytest.raises(SourceError, match=r"nvidia-smi did not answer: timed out after 0\.5 s"):
+        src.read()
+    assert time.monotonic() - start < 5
+    pids = [int(x) for x in hanging_nvidia_smi.pids.read_text().split()]
+    assert len(pids) == 2 and alive(pids) == []  # nvidia-smi and the child it started
+    assert GPUtil.GPUtil.Popen is subprocess.Popen  # GPUtil is left as it was
+
+
+def test_gputil_output_that_is_not_a_gpu_list_is_an_error(tmp_path, monkeypatch):
+    # twelve fields GPUtil parses happily, but no GPU: a wrapper printing something else
+    fake_program(
+        tmp_path / "bin",
+        "nvidia-smi",
+        "echo '0, not-a-uuid, 0, nan, 0, 0, ?, ?, ?, ?, ?, 0'\n",
+        monkeypatch,
+    )
+    src = GPUtilSource()
+    src.open()
+    with pytest.raises(SourceError, match="not a GPU list"):
+        src.read()
+
+
+def test_gputil_missing_nvidia_smi_is_said_not_hidden(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # GPUtil alone would answer "no GPU"
+    with pytest.raises(SourceError, match="nvidia-smi could not be run"):
+        monitor.gputil_gpus()

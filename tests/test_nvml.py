@@ -1,101 +1,19 @@
-"""tutorial_utils.nvml: probe without a driver, UUID -> CUDA index mapping, init/shutdown refcount.
-
-``FakeNvml`` stands in for the ``pynvml`` module (nvidia-ml-py); test_monitor and test_gauges
-reuse it through the ``fake_nvml`` fixture defined here.
-"""
+"""tutorial_utils.nvml: probe without a driver, UUID -> CUDA index mapping, init/shutdown refcount,
+a hung driver. ``FakeNvml`` (tests/conftest.py) stands in for the ``pynvml`` module."""
 
 from __future__ import annotations
 
-import types
+import threading
+import time
 
 import pytest
+from conftest import FakeNvml, GiB, install_fake_nvml
 
 from tutorial_utils import nvml
 
-GiB = 2**30
-
-
-class FakeNvml(types.SimpleNamespace):
-    """A small ``pynvml``: GPUs in NVML (PCI) order, each ``(name, uuid, total, used, util)``.
-
-    ``fail_after``: the number of memory queries that succeed before every query raises
-    ``NVMLError`` (``None``: never fails) -- a driver going away in the middle of a run.
-    """
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_LibraryNotFound(NVMLError):
-        pass
-
-    class NVMLError_NotSupported(NVMLError):
-        pass
-
-    def __init__(self, gpus, fail_after=None, missing=False):
-        super().__init__()
-        self.gpus = list(gpus)
-        self.fail_after = fail_after
-        self.missing = missing
-        self.init_calls = 0
-        self.shutdown_calls = 0
-        self.memory_queries = 0
-
-    def nvmlInit(self):
-        if self.missing:
-            raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
-        self.init_calls += 1
-
-    def nvmlShutdown(self):
-        self.shutdown_calls += 1
-
-    def nvmlSystemGetDriverVersion(self):
-        return b"570.1"
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return self.gpus[h][0].encode()
-
-    def nvmlDeviceGetUUID(self, h):
-        return self.gpus[h][1]
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        self.memory_queries += 1
-        if self.fail_after is not None and self.memory_queries > self.fail_after:
-            raise self.NVMLError("GPU is lost")
-        _, _, total, used, _ = self.gpus[h]
-        return types.SimpleNamespace(total=total, used=used, free=total - used)
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        util = self.gpus[h][4]
-        if util is None:
-            raise self.NVMLError_NotSupported("Not Supported")
-        return types.SimpleNamespace(gpu=util, memory=0)
-
-
-@pytest.fixture
-def fake_nvml(monkeypatch):
-    """Install a FakeNvml with two GPUs whose NVML order is the reverse of torch's CUDA order."""
-    fake = FakeNvml(
-        [
-            ("NVIDIA B", "GPU-bbbb", 80 * GiB, 3 * GiB, 55),  # NVML #0 = cuda:1
-            ("NVIDIA A", "GPU-aaaa", 40 * GiB, 1 * GiB, None),  # NVML #1 = cuda:0, no utilization
-        ]
-    )
-    monkeypatch.setattr(nvml, "_pynvml", lambda: fake)
-    monkeypatch.setattr(nvml, "_initialized", 0)
-    monkeypatch.setattr(nvml, "cuda_uuids", lambda: {"GPU-aaaa": 0, "GPU-bbbb": 1})
-    return fake
-
 
 def test_probe_without_driver_says_why(monkeypatch):
-    fake = FakeNvml([], missing=True)
-    monkeypatch.setattr(nvml, "_pynvml", lambda: fake)
-    monkeypatch.setattr(nvml, "_initialized", 0)
+    install_fake_nvml(monkeypatch, FakeNvml([], missing=True))
     status = nvml.probe()
     assert not status.available
     assert "no NVIDIA driver" in status.reason
@@ -147,3 +65,46 @@ def test_cuda_uuids_adds_gpu_prefix(fake_cuda):
         "GPU-00000000-0000-0000-0000-000000000000": 0,
         "GPU-00000001-0000-0000-0000-000000000000": 1,
     }
+
+
+def test_gpus_is_the_one_loop_over_nvml_devices(fake_nvml):
+    nvml.init()
+    try:
+        gpus = nvml.gpus()
+        assert [(g.nvml_index, g.name, g.uuid, g.cuda_index) for g in gpus] == [
+            (0, "NVIDIA B", "GPU-bbbb", 1),
+            (1, "NVIDIA A", "GPU-aaaa", 0),
+        ]
+        assert nvml.memory(gpus[0]) == (3 * GiB, 80 * GiB)
+        assert nvml.utilization_pct(gpus[0]) == 55.0
+        assert nvml.utilization_pct(gpus[1]) is None  # not supported: not an error
+        fake_nvml.fail_after = 0
+        with pytest.raises(nvml.NvmlError, match="NVML query failed: GPU is lost"):
+            nvml.memory(gpus[1])
+    finally:
+        nvml.shutdown()
+
+
+def test_missing_binding_is_one_sentence(monkeypatch):
+    monkeypatch.setattr(nvml, "pynvml", None)
+    with pytest.raises(nvml.NvmlError, match="pip install nvidia-ml-py"):
+        nvml.init()
+    assert "nvidia-ml-py" in nvml.probe().reason
+
+
+def test_a_hung_driver_times_out_and_a_late_answer_is_undone(monkeypatch):
+    fake = install_fake_nvml(monkeypatch, FakeNvml([], hang_s=0.6))
+    start = time.monotonic()
+    with pytest.raises(nvml.NvmlError, match=r"timed out after 0\.15 s"):
+        nvml.init(timeout_s=0.15)
+    assert time.monotonic() - start < 0.55  # it did not wait for the hung call
+    status = nvml.probe(timeout_s=0.15)  # waits for the lock the hung call holds: times out too
+    assert not status.available and "timed out after 0.15 s" in status.reason
+    # When the driver answers at last, what the abandoned calls did is undone: NVML is not
+    # left initialised by a call nobody waits for any more.
+    helpers = [t for t in threading.enumerate() if t.name.startswith("nvml ")]
+    assert helpers
+    for t in helpers:
+        t.join(timeout=10)
+    assert fake.init_calls >= 1
+    assert fake.init_calls == fake.shutdown_calls and nvml._initialized == 0

@@ -1,4 +1,5 @@
-"""Tests for tutorial_utils.timing: statistics, calibration, errors, and GPU synchronization (mocked)."""
+"""Tests for tutorial_utils.timing: statistics, calibration, errors, and GPU synchronization
+(mocked)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tutorial_utils import timing
+from tutorial_utils import devices, timing
 from tutorial_utils.devices import DeviceUnavailableError
 from tutorial_utils.timing import (
     Comparison,
@@ -45,7 +46,13 @@ def test_repr_is_readable():
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(2.5, "2.5 s"), (0.00123, "1.23 ms"), (4.56e-5, "45.6 us"), (7e-9, "7 ns"), (float("nan"), "n/a")],
+    [
+        (2.5, "2.5 s"),
+        (0.00123, "1.23 ms"),
+        (4.56e-5, "45.6 us"),
+        (7e-9, "7 ns"),
+        (float("nan"), "n/a"),
+    ],
 )
 def test_format_seconds(seconds, text):
     assert format_seconds(seconds) == text
@@ -112,7 +119,9 @@ def test_non_callable_is_rejected():
         time_it(torch.ones(3))  # type: ignore[arg-type]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
 def test_missing_gpu_says_so():
     with pytest.raises(DeviceUnavailableError, match="CUDA is not available"):
         time_it(lambda: None, device="cuda")
@@ -120,9 +129,11 @@ def test_missing_gpu_says_so():
 
 @pytest.fixture
 def cuda_clock(monkeypatch):
-    """Pretend cuda:0 exists; record every synchronize and event call in order."""
+    """Pretend cuda:0 exists (through the public resolver); record every synchronize and event
+    call in order."""
     log: list[str] = []
-    monkeypatch.setattr(timing, "_resolve_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(devices, "resolve", lambda *args, **kwargs: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
 
     class FakeEvent:
@@ -193,7 +204,9 @@ def test_compare_runs_each_function():
     c = compare({"a": make("a"), "b": make("b")}, warmup=0, repeat=3, number=2)
     assert c.names == ("a", "b") and c.baseline == "a"
     assert counts == {"a": 6, "b": 6}
-    assert compare({"a": make("a"), "b": make("b")}, baseline="b", repeat=1, number=1).baseline == "b"
+    assert (
+        compare({"a": make("a"), "b": make("b")}, baseline="b", repeat=1, number=1).baseline == "b"
+    )
 
 
 @pytest.mark.parametrize(
@@ -251,3 +264,47 @@ def test_summary_statistics_are_consistent(samples):
     assert t.min <= t.mean * (1 + 1e-12) and t.mean <= t.max * (1 + 1e-12)
     assert t.stdev >= 0
     assert format_seconds(t.median).split()[-1] in ("s", "ms", "us", "ns")
+
+
+# ---------------------------------------------------------------- issue 16: one device resolver
+
+
+def test_timing_asks_the_public_resolver_and_honours_tutorial_device(monkeypatch):
+    asked = []
+
+    def resolve(prefer=None, **kwargs):
+        asked.append((prefer, kwargs.get("purpose")))
+        return torch.device("cpu")
+
+    monkeypatch.setattr(devices, "resolve", resolve)
+    t = time_it(lambda: None, repeat=1, number=1, warmup=0)
+    assert asked == [(None, "timing")] and t.device == torch.device("cpu")
+    monkeypatch.undo()
+    monkeypatch.setenv("TUTORIAL_DEVICE", "cpu")
+    assert time_it(lambda: None, repeat=1, number=1).device == torch.device("cpu")
+
+
+def test_timing_on_mps_synchronizes_it(monkeypatch):
+    monkeypatch.delenv("TUTORIAL_DEVICE", raising=False)
+    monkeypatch.setattr(devices, "has_gpu", lambda n=1: False)
+    monkeypatch.setattr(devices, "mps_available", lambda: True)
+    synced = []
+    monkeypatch.setattr(torch.mps, "synchronize", lambda: synced.append(1))
+    t = time_it(lambda: None, repeat=2, number=1, warmup=0)
+    assert t.device == torch.device("mps") and t.method == "sync"
+    assert len(synced) >= 4, "each sample waits for MPS before and after"
+
+
+# ---------------------------------------------------------------- issue 11: small validation gaps
+
+
+@pytest.mark.parametrize("samples", [(0.0,), (0.0, 0.0, 1.0)])
+def test_bandwidth_of_a_zero_median_is_one_sentence_not_zero_division(samples):
+    with pytest.raises(ValueError, match="no bandwidth follows"):
+        _cpu_timing("copy", samples).bandwidth(1024)
+
+
+@pytest.mark.parametrize("nbytes", [-1, 1.5, True, "8"])
+def test_bandwidth_refuses_bad_byte_counts(nbytes):
+    with pytest.raises(ValueError, match="whole number of bytes"):
+        _cpu_timing("copy", (0.5,)).bandwidth(nbytes)

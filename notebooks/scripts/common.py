@@ -61,5 +61,8 @@ def report(data: dict) -> None:
     folder = os.environ.get("TUTORIAL_REPORT_DIR")
     if folder:
         rank = dist.get_rank() if dist.is_initialized() else 0
-        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+        path = os.path.join(folder, f"rank{rank}.json")
+        # Written whole or not at all: a rank stopped halfway leaves no half-written file.
+        with open(path + ".tmp", "w") as f:
             json.dump(data, f)
+        os.replace(path + ".tmp", path)

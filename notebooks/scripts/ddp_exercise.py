@@ -21,7 +21,9 @@ def main() -> None:
     data = build_data()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
-    model = DDP(build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = DDP(
+        build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
     orders = []

@@ -41,7 +41,9 @@ def main() -> None:
     data = build_data()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
-    model = DDP(build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = DDP(
+        build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     orders = []  # which samples this rank saw, per epoch
@@ -56,12 +58,21 @@ def main() -> None:
             opt.step()
         with torch.no_grad():  # every rank holds the same model: rank 0 speaks for all
             X, Y = (t.to(device) for t in data.tensors)
-            log(f"epoch {epoch}: loss on all {len(data)} samples = "
-                f"{nn.functional.mse_loss(model(X), Y).item():.4f}")
+            log(
+                f"epoch {epoch}: loss on all {len(data)} samples = "
+                f"{nn.functional.mse_loss(model(X), Y).item():.4f}"
+            )
 
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).cpu()
-    report({"rank": rank, "world": world, "backend": str(torch.distributed.get_backend()),
-            "orders": orders, "params": params.tolist()})
+    report(
+        {
+            "rank": rank,
+            "world": world,
+            "backend": str(torch.distributed.get_backend()),
+            "orders": orders,
+            "params": params.tolist(),
+        }
+    )
     teardown()
 
 

@@ -43,7 +43,9 @@ def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
     }
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
     opt.step()
@@ -73,12 +75,21 @@ def main() -> None:
     sharded = held_bytes(model, opt)
 
     # The same step? Gather the full parameters back (a collective: every rank takes part).
-    diff = max((p.full_tensor() - q).abs().max().item()
-               for p, q in zip(model.parameters(), full.parameters(), strict=True))
+    diff = max(
+        (p.full_tensor() - q).abs().max().item()
+        for p, q in zip(model.parameters(), full.parameters(), strict=True)
+    )
     shard_shape = tuple(next(model.parameters()).to_local().shape)
     log(f"{world} ranks; first weight: global shape (512, 512), local shard {shard_shape}")
-    report({"rank": rank, "unsharded": unsharded, "sharded": sharded, "max_diff": diff,
-            "shard_shape": list(shard_shape)})
+    report(
+        {
+            "rank": rank,
+            "unsharded": unsharded,
+            "sharded": sharded,
+            "max_diff": diff,
+            "shard_shape": list(shard_shape),
+        }
+    )
     teardown()
 
 

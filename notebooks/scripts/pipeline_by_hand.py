@@ -83,8 +83,10 @@ def main() -> None:
             part.zero_grad()
             dist.barrier()
             events = gpipe_step(part, rank, x, y, m)
-        diff = max((p.grad - r).abs().max().item()
-                   for p, r in zip(part.parameters(), ref_grads, strict=True))
+        diff = max(
+            (p.grad - r).abs().max().item()
+            for p, r in zip(part.parameters(), ref_grads, strict=True)
+        )
         runs[m] = {"events": events, "max_grad_diff": diff}
         log(f"by hand, {m} micro-batch(es): stage 0 gradients equal one process's: {diff < 1e-5}")
     report({"rank": rank, "runs": runs})

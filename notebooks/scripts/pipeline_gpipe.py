@@ -33,7 +33,7 @@ def build_model(seed: int = 0) -> nn.Sequential:
 def stage_layers(model: nn.Sequential, stage: int, n_stages: int) -> nn.Sequential:
     """Stage ``stage`` of ``n_stages`` equal slices of the layers."""
     per = len(model) // n_stages
-    return model[stage * per:(stage + 1) * per]
+    return model[stage * per : (stage + 1) * per]
 
 
 def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +71,10 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # CUDA runs asynchronously: wait before timing
             seconds.append(time.perf_counter() - t0)
-        diff = max((p.grad - r).abs().max().item() for p, r in zip(part.parameters(), ref_grads, strict=True))
+        diff = max(
+            (p.grad - r).abs().max().item()
+            for p, r in zip(part.parameters(), ref_grads, strict=True)
+        )
         runs[m] = {"step_seconds": sorted(seconds[1:])[1], "max_grad_diff": diff}
         log(f"GPipe, {m} micro-batch(es): stage 0 gradients equal one process's: {diff < 1e-5}")
     report({"rank": rank, "world": world, "runs": runs})

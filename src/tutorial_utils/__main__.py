@@ -7,11 +7,19 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"doctor": "check this machine for the course", "lab": "start JupyterLab on the notebooks"}
+    commands = {
+        "doctor": "check this machine for the course",
+        "lab": "start JupyterLab on the notebooks",
+    }
     if not argv or argv[0] not in commands:
         lines = [f"  {name:8} {what}" for name, what in commands.items()]
-        print("usage: python -m tutorial_utils COMMAND [options]\n\ncommands:\n" + "\n".join(lines), file=sys.stderr)
+        print(
+            "usage: python -m tutorial_utils COMMAND [options]\n\ncommands:\n" + "\n".join(lines),
+            file=sys.stderr,
+        )
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    # Imported here, for the command asked for only: doctor imports torch (seconds), which
+    # `make lab` does not need before JupyterLab starts.
     if argv[0] == "doctor":
         from .doctor import main as run
     else:

@@ -23,13 +23,42 @@ class Notebook:
 
 
 NOTEBOOKS: tuple[Notebook, ...] = (
-    Notebook("00_start_here.ipynb", "Start here: the environment, the gauge, what the numbers mean", 20, "CPU, 1 GPU, 2+ GPUs"),
-    Notebook("01_moving_tensors.ipynb", "Moving tensors between devices", 30, "CPU, 1 GPU, 2+ GPUs"),
-    Notebook("02_creating_tensors_on_the_right_device.ipynb", "Creating tensors on the right device", 25, "CPU, 1 GPU, 2+ GPUs"),
-    Notebook("03_data_parallelism.ipynb", "Data parallelism: DataParallel, DDP with torchrun, FSDP2", 45, "CPU (gloo), 2+ GPUs (NCCL)"),
-    Notebook("04_model_parallelism.ipynb", "Model parallelism and pipelines", 40, "CPU (gloo), 2+ GPUs"),
-    Notebook("05_out_of_memory.ipynb", "Out-of-memory troubleshooting", 50, "CPU (budget), 1 GPU (real OOM)"),
-    Notebook("06_mixed_precision_and_cudnn.ipynb", "Mixed precision and cuDNN settings", 40, "CPU (bf16), 1 GPU (fp16, bf16, TF32, cuDNN)"),
+    Notebook(
+        "00_start_here.ipynb",
+        "Start here: the environment, the gauge, what the numbers mean",
+        20,
+        "CPU, 1 GPU, 2+ GPUs",
+    ),
+    Notebook(
+        "01_moving_tensors.ipynb", "Moving tensors between devices", 30, "CPU, 1 GPU, 2+ GPUs"
+    ),
+    Notebook(
+        "02_creating_tensors_on_the_right_device.ipynb",
+        "Creating tensors on the right device",
+        25,
+        "CPU, 1 GPU, 2+ GPUs",
+    ),
+    Notebook(
+        "03_data_parallelism.ipynb",
+        "Data parallelism: DataParallel, DDP with torchrun, FSDP2",
+        45,
+        "CPU (gloo), 2+ GPUs (NCCL)",
+    ),
+    Notebook(
+        "04_model_parallelism.ipynb", "Model parallelism and pipelines", 40, "CPU (gloo), 2+ GPUs"
+    ),
+    Notebook(
+        "05_out_of_memory.ipynb",
+        "Out-of-memory troubleshooting",
+        50,
+        "CPU (budget), 1 GPU (real OOM)",
+    ),
+    Notebook(
+        "06_mixed_precision_and_cudnn.ipynb",
+        "Mixed precision and cuDNN settings",
+        40,
+        "CPU (bf16), 1 GPU (fp16, bf16, TF32, cuDNN)",
+    ),
     Notebook("07_capstone_make_it_fit.ipynb", "Capstone: make it fit", 45, "CPU (budget), 1 GPU"),
 )
 

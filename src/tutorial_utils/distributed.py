@@ -2,21 +2,31 @@
 
 Why this exists: ``!torchrun script.py`` in a cell works until something goes wrong. A rank
 that crashes leaves the other one waiting in a collective; a rank that hangs keeps the cell
-busy forever; interrupting the cell can leave worker processes behind (torchrun starts every
-worker in its own session, so killing torchrun's process group does not reach them); a port
-another job holds makes the rendezvous fail with a long traceback. ``launch`` does the same
-thing as ``torchrun --standalone`` and handles those cases:
+busy forever; interrupting the cell or restarting the kernel can leave worker processes behind
+(torchrun starts every worker in its own session, so killing torchrun's process group does not
+reach them); a port another job holds makes the rendezvous wait on a stranger. ``launch`` does
+the same thing as ``torchrun --standalone`` and handles those cases:
 
+* it checks its arguments first (a bad ``nproc``, ``timeout`` or port is one sentence, before
+  anything starts);
 * it picks a free port itself (``--rdzv-endpoint=127.0.0.1:PORT``, the single-node form of the
   multi-node command) and checks it just before starting: a busy rendezvous port does not fail,
   torchrun waits on whatever listens there, so the check is what keeps a busy port from hanging;
-* it streams every rank's output into the cell line by line, prefixed ``[rank0]`` (torchrun
-  reads each rank's stdout and stderr separately, so lines of the two may swap places from one
-  run to the next: a script whose output must be stable prints to one of them);
+* it streams every rank's output into the cell line by line, prefixed ``[rank0]``; a line a rank
+  leaves without its newline stays that rank's (torchrun reads each rank's stdout and stderr
+  separately, so lines of the two may swap places from one run to the next: a script whose
+  output must be stable prints to one of them);
 * it collects what each rank reports (a rank writes JSON to ``$TUTORIAL_REPORT_DIR/rank<R>.json``;
-  ``notebooks/scripts/common.py`` has a ``report()`` that does it);
+  ``notebooks/scripts/common.py`` has a ``report()`` that does it); a malformed file is named,
+  with its rank, in ``result.report_errors``, and the other ranks' reports are kept;
 * on failure or timeout it terminates torchrun and every worker, reaps them, and raises
-  ``LaunchError`` naming the failing rank and its last lines.
+  ``LaunchError`` naming the failing rank and its last lines;
+* if the notebook's process dies while the job runs (a kernel restart: SIGTERM or SIGKILL, no
+  ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
+  its temporary folder within a second or two.
+
+The command it runs is ``result.command`` (a list, as ``subprocess`` takes it) and
+``result.command_line`` (one string to print); ``torchrun_command`` builds the same list.
 
 >>> result = launch("scripts/ddp_train.py", nproc=2, timeout=120)   # doctest: +SKIP
 [rank0] epoch 0: loss on all 64 samples = 2.6645
@@ -30,9 +40,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -40,7 +52,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from .processes import Watchdog, die_with_parent, stop_tree
 
 __all__ = [
     "LaunchError",
@@ -63,29 +76,32 @@ __all__ = [
 #: Environment variable naming the folder where each rank writes ``rank<R>.json``.
 REPORT_DIR_ENV = "TUTORIAL_REPORT_DIR"
 
-_PREFIX_TEMPLATE = "[rank${rank}] "
-# torchrun's prefix, then (on a traceback) the "[rankN]: " torch adds itself: keep one.
-_RANK_LINE = re.compile(r"^\[rank(\d+)\] ?(?:\[rank\d+\]: )?(.*)$")
+# torchrun puts this before every line it copies from a rank. Two control characters no script
+# prints, so a rank's line that arrives glued to another's (a line left without its newline)
+# can still be cut at the right place.
+_PREFIX_TEMPLATE = "\x1e${rank}\x1f"
+_MARK = re.compile(r"\x1e(\d+)\x1f")
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ")  # what torch adds itself to a rank's traceback
 _LAST_LINES = 15
-# torchrun copies each rank's log file line by line, and a line it finds half written (print()
-# writes the text, then the newline) is copied as it is; the newline then arrives as a line of its
-# own, with its own prefix: "[rank0] done[rank0] ". _mend drops that trailing prefix.
-_TRAILING_PREFIX = re.compile(r"\[rank\d+\] ?$")
-
-
-def _mend(text: str) -> str:
-    return _TRAILING_PREFIX.sub("", text)
+_MAX_PROCS_PER_CORE = 4  # nproc above this many per logical core is refused
 
 
 class LaunchError(RuntimeError):
-    """A launched job failed or timed out. ``rank``, ``returncode`` and ``last_lines`` say which and why.
+    """A launched job failed or timed out; ``rank``, ``returncode``, ``last_lines`` say which, why.
 
     ``rank`` is the rank that failed first; after a timeout it is the rank still running when
     only one was, else ``None`` (``last_lines`` then holds every running rank's last lines).
     """
 
-    def __init__(self, message: str, *, rank: int | None, returncode: int | None,
-                 last_lines: list[str], result: LaunchResult):
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None,
+        returncode: int | None,
+        last_lines: list[str],
+        result: LaunchResult,
+    ):
         super().__init__(message)
         self.rank = rank
         self.returncode = returncode
@@ -108,62 +124,196 @@ class LaunchResult:
     rank_output: dict[int, list[str]] = field(default_factory=dict)  # rank -> its lines
     launcher_output: list[str] = field(default_factory=list)  # torchrun's own lines
     port: int = 0
-    command: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)  # exactly what ran
     launcher_pid: int | None = None  # torchrun's process id (gone once launch returns)
+    report_errors: dict[int, str] = field(default_factory=dict)  # rank -> why its file was bad
 
     @property
     def ok(self) -> bool:
         return self.returncode == 0
 
+    @property
+    def command_line(self) -> str:
+        """The command that ran, as one line a shell accepts (``shlex.join``)."""
+        return shlex.join(self.command)
+
     def __repr__(self) -> str:  # no timing or port: it must print the same on every run
-        ranks = sorted(self.reports)
-        return (
+        text = (
             f"LaunchResult(nproc={self.nproc}, returncode={self.returncode}, "
-            f"reports from ranks {ranks})"
+            f"reports from ranks {sorted(self.reports)}"
         )
+        if self.report_errors:
+            text += f", malformed reports from ranks {sorted(self.report_errors)}"
+        return text + ")"
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing listens on ``host:port`` and we could bind it."""
+    return _port_problem(port, host) is None
+
+
+def _port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why ``port`` cannot be used for the rendezvous, or ``None`` when it can."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
+        except PermissionError:
+            return f"port {port} needs administrator rights on this machine"
         except OSError:
-            return False
-    return True
+            return f"port {port} is already in use by another process"
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free right now (another process could still take it: see ``launch``)."""
+    """A port the OS says is free now (another process could still take it: see ``launch``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def torchrun_command(script: str | os.PathLike, nproc: int = 2, args: Sequence[str] = (),
-                     port: int = 29500, log_dir: str | os.PathLike | None = None,
-                     python: str | None = None) -> list[str]:
+def torchrun_command(
+    script: str | os.PathLike,
+    nproc: int = 2,
+    args: Sequence[str] = (),
+    port: int = 29500,
+    log_dir: str | os.PathLike | None = None,
+) -> list[str]:
     """The command ``launch`` runs: ``--standalone`` spelled out with an explicit port.
 
     ``--standalone`` ignores any ``--rdzv-endpoint``, so to choose the port we give the c10d
-    rendezvous ourselves; for one node this is exactly what ``--standalone`` does.
+    rendezvous ourselves; for one node this is exactly what ``--standalone`` does. ``launch``
+    passes a ``log_dir`` in its temporary folder (torchrun keeps each rank's output there).
+    The same arguments give the same list, so a notebook can print it:
+
+    >>> " ".join(torchrun_command("scripts/ddp_train.py", 2, ["--epochs", "3"])[1:])
+    '-m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3 scripts/ddp_train.py --epochs 3'
     """
     cmd = [
-        python or sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id=notebook-{uuid.uuid4().hex[:8]}",
-        "--max-restarts=0", "--tee=3",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        # The port is checked free before a launch, so no other job can share this id's store;
+        # a fixed id keeps the printed command the same from one run to the next.
+        f"--rdzv-id=notebook-{port}",
+        "--max-restarts=0",
+        "--tee=3",
     ]
     if log_dir is not None:
         cmd.append(f"--log-dir={log_dir}")
     return [*cmd, str(script), *map(str, args)]
 
 
-def _pump(stream, lines: queue.Queue) -> None:
-    """Reader thread: move lines from the pipe into a queue (the main thread prints them)."""
+# --------------------------------------------------------------------------- checking arguments
+
+
+def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: Any) -> list[str]:
+    """Raise one sentence for the first bad argument; return ``args`` as strings."""
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"no script at {script}: give a path relative to the notebook's folder"
+        )
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a whole number of processes, at least 1; got {nproc!r}")
+    cores = os.cpu_count() or 1
+    limit = max(8, _MAX_PROCS_PER_CORE * cores)
+    if nproc > limit:
+        raise ValueError(
+            f"nproc={nproc} is far more than this machine's {cores} cores can run "
+            f"(at most {limit} here): use one process per GPU, or 2 on a CPU"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+    ):
+        raise ValueError(
+            f"port must be a whole number from 1 to 65535, or None to pick a free one; got {port!r}"
+        )
+    if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
+        raise TypeError(f"args must be a list of arguments, e.g. ['--epochs', '3']; got {args!r}")
+    return [str(a) for a in args]
+
+
+def _choose_port(port: int | None, echo: Callable[[str], None] | None) -> int:
+    if port is not None:
+        problem = _port_problem(port)
+        if problem:
+            raise PortInUseError(
+                f"{problem}: pass port=None to pick a free one",
+                rank=None,
+                returncode=None,
+                last_lines=[],
+                result=LaunchResult(nproc=0, returncode=-1, wall_seconds=0.0, port=port),
+            )
+        return port
+    chosen = free_port()
+    for _ in range(5):
+        if port_is_free(chosen):
+            return chosen
+        # A busy rendezvous port does not fail fast: torchrun connects to whatever listens
+        # there as if it were another node's store, and waits. So check it first.
+        busy, chosen = chosen, free_port()
+        if echo is not None:
+            echo(f"port {busy} is busy; using another one")
+    raise PortInUseError(
+        "could not find a free port on 127.0.0.1; free some and retry",
+        rank=None,
+        returncode=None,
+        last_lines=[],
+        result=LaunchResult(nproc=0, returncode=-1, wall_seconds=0.0),
+    )
+
+
+# --------------------------------------------------------------------------- reading the output
+
+
+class _Lines:
+    """Cut torchrun's output into each rank's own lines.
+
+    torchrun copies each rank's stdout and stderr line by line, with the rank's mark in front.
+    A line it finds half written (the text is there, its newline not yet) is copied as it is,
+    and the rest comes later with a second mark; meanwhile another rank's line may be glued
+    behind it. So: a piece followed by another mark on the same line had no newline, and it is
+    kept until that rank's next piece (on the same stream) completes it.
+    """
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[str, int], str] = {}
+
+    def feed(self, stream: str, line: str, ended: bool) -> list[tuple[int | None, str]]:
+        """``line`` without its newline; ``ended``: it had one. Returns finished lines."""
+        pieces = _MARK.split(line)
+        out: list[tuple[int | None, str]] = []
+        if pieces[0]:  # torchrun's own output (before any mark)
+            out.append((None, pieces[0]))
+        marks = list(zip(pieces[1::2], pieces[2::2], strict=True))
+        for k, (rank_text, text) in enumerate(marks):
+            key = (stream, int(rank_text))
+            text = self._partial.pop(key, "") + text
+            if k < len(marks) - 1 or not ended:  # no newline after it (yet)
+                self._partial[key] = text
+            else:
+                out.append((key[1], _TORCH_PREFIX.sub("", text)))
+        return out
+
+    def flush(self) -> list[tuple[int | None, str]]:
+        """Lines still waiting for their newline (the rank ended or hangs): as they are."""
+        out = [(rank, _TORCH_PREFIX.sub("", text)) for (_, rank), text in self._partial.items()]
+        self._partial.clear()
+        return out
+
+
+def _pump(stream, name: str, lines: queue.Queue) -> None:
+    """Reader thread: move lines from one pipe into the queue (the main thread prints them)."""
     for raw in iter(stream.readline, ""):
-        lines.put(raw.rstrip("\n"))
+        ended = raw.endswith("\n")
+        lines.put((name, raw[:-1] if ended else raw, ended))
     lines.put(None)
 
 
@@ -179,43 +329,34 @@ def _worker_ranks(procs: Iterable[psutil.Process]) -> dict[int, int]:
 
 
 def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Terminate torchrun and every descendant, then reap torchrun.
-
-    torchrun starts each worker with ``start_new_session=True``, so the workers are not in
-    torchrun's process group: we list the whole tree first, ask torchrun to stop (it forwards
-    the signal to its workers and waits for them), and SIGKILL whatever is left after ``grace``.
-    """
+    """Terminate torchrun and every descendant (each worker leads its own session), then reap."""
     try:
         root = psutil.Process(proc.pid)
         tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
-    if hasattr(os, "killpg"):  # POSIX: torchrun's own group (start_new_session below)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-    else:  # Windows has no process groups of this kind
-        with contextlib.suppress(psutil.Error):
-            psutil.Process(proc.pid).terminate()
-    _, alive = psutil.wait_procs(tree, timeout=grace)
-    for p in alive:  # workers first would leave zombies under a dead parent: kill all, then reap
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    for p in alive:
-        if hasattr(os, "killpg"):
-            with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-                os.killpg(p.pid, signal.SIGKILL)  # a worker's own children (its session)
-    psutil.wait_procs(alive, timeout=grace)
+    stop_tree(tree, grace_s=grace)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
 
 
-def _read_reports(folder: Path) -> dict[int, Any]:
-    reports = {}
+def _read_reports(folder: Path) -> tuple[dict[int, Any], dict[int, str]]:
+    """Each rank's report, and for a file that is not valid JSON, why (the others are kept)."""
+    reports: dict[int, Any] = {}
+    errors: dict[int, str] = {}
     for path in sorted(folder.glob("rank*.json")):
         match = re.fullmatch(r"rank(\d+)\.json", path.name)
-        if match:
-            reports[int(match.group(1))] = json.loads(path.read_text())
-    return reports
+        if not match:
+            continue
+        rank = int(match.group(1))
+        try:
+            reports[rank] = json.loads(path.read_text())
+        except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError included
+            errors[rank] = (
+                f"rank {rank} wrote a result file that is not valid JSON ({exc}); "
+                "its report is left out"
+            )
+    return reports, errors
 
 
 def _failed_rank(launcher_lines: list[str]) -> tuple[int | None, int | None]:
@@ -237,6 +378,9 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+# --------------------------------------------------------------------------- launch
+
+
 def launch(
     script: str | os.PathLike,
     nproc: int = 2,
@@ -244,103 +388,119 @@ def launch(
     timeout: float = 300.0,
     *,
     port: int | None = None,
-    env: dict[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
     echo: Callable[[str], None] | None = print,
-    show_launcher_output: bool = False,
 ) -> LaunchResult:
     """Run ``script`` on ``nproc`` local processes with torchrun and wait for it.
 
-    ``port``: the rendezvous port; ``None`` picks a free one (another one if the first is busy by
-    the time it is checked); a given port that is busy raises ``PortInUseError`` at once.
-    ``env``: extra environment variables for the ranks (``OMP_NUM_THREADS`` defaults to 1, which
-    also silences torchrun's warning about it). ``echo``: called with each output line
-    (``None`` keeps quiet). ``show_launcher_output``: also echo torchrun's own log lines, which
-    carry timestamps and so are hidden by default; they are kept in ``result.launcher_output``.
+    ``args``: the script's arguments, a list (``['--epochs', '3']``). ``timeout``: seconds before
+    every process is stopped. ``port``: the rendezvous port; ``None`` picks a free one (another
+    one if the first is busy by the time it is checked); a given port that is busy raises
+    ``PortInUseError`` at once. ``echo``: called with each output line (``None`` keeps quiet);
+    torchrun's own log lines carry timestamps, so they are kept in ``result.launcher_output``
+    and not echoed. The ranks run with ``OMP_NUM_THREADS=1``.
 
     Returns a ``LaunchResult``; raises ``LaunchError`` when a rank fails or ``timeout`` seconds
-    pass, after every process of the job has been stopped and reaped.
+    pass, after every process of the job has been stopped and reaped. Bad arguments raise
+    ``ValueError``/``TypeError``/``FileNotFoundError`` before anything starts.
     """
     script = Path(script)
-    if not script.is_file():
-        raise FileNotFoundError(f"no script at {script}: give a path relative to the notebook's folder")
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1, got {nproc}")
-    if port is not None:
-        if not port_is_free(port):
-            result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0, port=port)
-            raise PortInUseError(
-                f"port {port} is already in use by another process: pass port=None to pick a free one",
-                rank=None, returncode=None, last_lines=[], result=result,
-            )
-        chosen = port
-    else:
-        chosen = free_port()
-        for _ in range(5):
-            if port_is_free(chosen):
-                break
-            # A busy rendezvous port does not fail fast: torchrun connects to whatever listens
-            # there as if it were another node's store, and waits. So check it first.
-            busy, chosen = chosen, free_port()
-            if echo is not None:
-                echo(f"port {busy} is busy; using another one")
-        else:
-            result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0)
-            raise PortInUseError("could not find a free port on 127.0.0.1; free some and retry",
-                                 rank=None, returncode=None, last_lines=[], result=result)
-    return _launch_once(script, nproc, args, timeout, chosen, env, cwd, echo, show_launcher_output)
+    arg_list = _check_arguments(script, nproc, args, timeout, port)
+    chosen = _choose_port(port, echo)
+    return _launch_once(script, nproc, arg_list, float(timeout), chosen, echo)
 
 
-def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, port: int,
-                 env: dict[str, str] | None, cwd: str | os.PathLike | None,
-                 echo: Callable[[str], None] | None, show_launcher_output: bool) -> LaunchResult:
+def _launch_once(
+    script: Path,
+    nproc: int,
+    args: list[str],
+    timeout: float,
+    port: int,
+    echo: Callable[[str], None] | None,
+) -> LaunchResult:
+    watchdog = Watchdog()  # first: if we die from here on, it cleans up after us
+    try:
+        return _run_job(script, nproc, args, timeout, port, echo, watchdog)
+    finally:
+        watchdog.finish()
+
+
+def _run_job(
+    script: Path,
+    nproc: int,
+    args: list[str],
+    timeout: float,
+    port: int,
+    echo: Callable[[str], None] | None,
+    watchdog: Watchdog,
+) -> LaunchResult:
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
+        watchdog.remove_on_death(tmp)
         report_dir = Path(tmp) / "reports"
         report_dir.mkdir()
-        child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-        child_env.update({
-            REPORT_DIR_ENV: str(report_dir),
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": _PREFIX_TEMPLATE,
-            "PYTHONUNBUFFERED": "1",  # stream each line as it is printed (and keep it if killed)
-        })
-        cmd = torchrun_command(script, nproc, [str(a) for a in args], port, Path(tmp) / "logs")
+        child_env = dict(os.environ)
+        child_env.update(
+            {
+                "OMP_NUM_THREADS": "1",  # also silences torchrun's warning about it
+                REPORT_DIR_ENV: str(report_dir),
+                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": _PREFIX_TEMPLATE,
+                # stream each line as it is printed (and keep it if the rank is killed)
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        cmd = torchrun_command(script, nproc, args, port, Path(tmp) / "logs")
         result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0, port=port, command=cmd)
         tails: dict[int, deque[str]] = {}
         start = time.perf_counter()
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            text=True, bufsize=1, env=child_env, cwd=cwd, start_new_session=True,
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,  # its own pipe: a rank's stdout and stderr lines never mix
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env=child_env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # Linux: torchrun gets SIGTERM if this thread dies
         )
+        watchdog.guard(proc.pid)
         result.launcher_pid = proc.pid
-        lines: queue.Queue[str | None] = queue.Queue()
-        reader = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-        reader.start()
+        lines: queue.Queue[tuple[str, str, bool] | None] = queue.Queue()
+        readers = [
+            threading.Thread(target=_pump, args=(pipe, name, lines), daemon=True)
+            for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+        ]
+        for reader in readers:
+            reader.start()
+        splitter = _Lines()
+
+        def take(found: list[tuple[int | None, str]]) -> None:
+            for rank, text in found:
+                if rank is None:
+                    result.launcher_output.append(text)
+                    continue
+                result.rank_output.setdefault(rank, []).append(text)
+                tails.setdefault(rank, deque(maxlen=_LAST_LINES)).append(text)
+                if echo is not None:
+                    echo(f"[rank{rank}] {text}")
+
         deadline = start + timeout
         timed_out = False
+        hung: dict[int, int] = {}
         try:
-            while True:
+            open_streams = len(readers)
+            while open_streams:
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
                     timed_out = True
                     break
                 try:
-                    line = lines.get(timeout=min(remaining, 0.2))
+                    item = lines.get(timeout=min(remaining, 0.2))
                 except queue.Empty:
                     continue
-                if line is None:
-                    break
-                match = _RANK_LINE.match(line)
-                if match:
-                    rank, text = int(match.group(1)), _mend(match.group(2))
-                    result.rank_output.setdefault(rank, []).append(text)
-                    tails.setdefault(rank, deque(maxlen=_LAST_LINES)).append(text)
-                    if echo is not None:
-                        echo(f"[rank{rank}] {text}")
-                else:
-                    result.launcher_output.append(line)
-                    if echo is not None and show_launcher_output:
-                        echo(line)
-            hung: dict[int, int] = {}
+                if item is None:
+                    open_streams -= 1
+                    continue
+                take(splitter.feed(*item))
             if timed_out:
                 with contextlib.suppress(psutil.Error):
                     hung = _worker_ranks(psutil.Process(proc.pid).children(recursive=True))
@@ -351,12 +511,25 @@ def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, 
             _stop_tree(proc)
             raise
         finally:
-            reader.join(timeout=2.0)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for reader in readers:
+                reader.join(timeout=2.0)
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        while True:  # lines that arrived while the job was being stopped
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                take(splitter.feed(*item))
+        take(splitter.flush())
         result.wall_seconds = time.perf_counter() - start
         result.returncode = proc.returncode if proc.returncode is not None else -1
-        result.reports = _read_reports(report_dir)
+        result.reports, result.report_errors = _read_reports(report_dir)
+    if echo is not None:
+        for message in result.report_errors.values():
+            echo(message)
 
     if timed_out:
         # Every rank still running is listed: the one that hangs and the ones waiting for it in a
@@ -372,17 +545,27 @@ def _launch_once(script: Path, nproc: int, args: Sequence[Any], timeout: float, 
         raise LaunchError(
             f"{script.name} timed out after {timeout:g} s and every process was stopped ({who}):\n"
             + "\n".join(f"  {x}" for x in last),
-            rank=rank, returncode=result.returncode, last_lines=last, result=result,
+            rank=rank,
+            returncode=result.returncode,
+            last_lines=last,
+            result=result,
         )
     if result.returncode != 0:
         rank, code = _failed_rank(result.launcher_output)
-        last = list(tails.get(rank, [])) if rank is not None else result.launcher_output[-_LAST_LINES:]
-        who = f"rank {rank} {_describe_exit(code)}" if rank is not None else (
-            f"torchrun exited with status {result.returncode}")
+        last = (
+            list(tails.get(rank, [])) if rank is not None else result.launcher_output[-_LAST_LINES:]
+        )
+        who = (
+            f"rank {rank} {_describe_exit(code)}"
+            if rank is not None
+            else f"torchrun exited with status {result.returncode}"
+        )
         raise LaunchError(
             f"{script.name} failed: {who}. Last lines:\n" + "\n".join(f"  {x}" for x in last),
-            rank=rank, returncode=code if code is not None else result.returncode,
-            last_lines=last, result=result,
+            rank=rank,
+            returncode=code if code is not None else result.returncode,
+            last_lines=last,
+            result=result,
         )
     if echo is not None:
         echo(f"launched {nproc} ranks: exit status 0, finished in {result.wall_seconds:.2f} s wall")

@@ -7,6 +7,11 @@ An instructor runs it on every seat before a workshop::
 and it exits non-zero with one sentence per missing thing. In a notebook, ``doctor()`` returns
 a ``DoctorReport`` that renders as a table. No check ever raises: a broken driver, a missing
 NVML library or an ``nvidia-smi`` that fails each become a row saying what is missing.
+
+No check hangs either: the calls outside Python (NVML, ``nvidia-smi``, GPUtil's ``nvidia-smi``)
+run side by side, each with a timeout (``timeout_s``, 10 s by default); one that does not
+answer in time becomes a row saying "timed out after 10 s", and no ``nvidia-smi`` process it
+started is left running.
 """
 
 from __future__ import annotations
@@ -14,22 +19,30 @@ from __future__ import annotations
 import argparse
 import html
 import importlib.metadata
+import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+import psutil
 import torch
+import torch.distributed as dist
 
-from . import devices, nvml
+from . import devices, monitor, nvml, processes
 from .units import format_bytes
 
-__all__ = ["Check", "DoctorReport", "doctor", "main", "parse_requirement"]
+__all__ = ["Check", "DEFAULT_TIMEOUT_S", "DoctorReport", "doctor", "main", "parse_requirement"]
 
 OK, MISSING, INFO = "ok", "missing", "info"
+#: Seconds each call outside Python (NVML, nvidia-smi, GPUtil) may take before its row says so.
+DEFAULT_TIMEOUT_S = 10.0
+_UUID = re.compile(r"^GPU-[0-9a-fA-F-]+$")
 
 
 @dataclass(frozen=True)
@@ -84,8 +97,8 @@ class DoctorReport:
                 )
             elif kind == "nvml" and not self.nvml_ok:
                 problems.append(
-                    "Needs NVML (the NVIDIA driver's management library, read through nvidia-ml-py); "
-                    "see the NVML row above for why it is not working."
+                    "Needs NVML (the NVIDIA driver's management library, read through "
+                    "nvidia-ml-py); see the NVML row above for why it is not working."
                 )
         return problems
 
@@ -101,7 +114,9 @@ def parse_requirement(text: str) -> tuple[str, int]:
         except ValueError:
             n = -1
         if n < 1:
-            raise ValueError(f"{text!r}: write gpus=N with N a whole number of at least 1, e.g. gpus=2")
+            raise ValueError(
+                f"{text!r}: write gpus=N with N a whole number of at least 1, e.g. gpus=2"
+            )
         return "gpus", n
     if t in ("widgets", "nvml"):
         return t, 0
@@ -126,13 +141,25 @@ def where_running() -> str:
 
 def _torch_checks() -> list[Check]:
     cuda = torch.version.cuda
-    build = f"CUDA {cuda}" if cuda else ("ROCm " + torch.version.hip if getattr(torch.version, "hip", None) else "CPU-only build")
+    build = (
+        f"CUDA {cuda}"
+        if cuda
+        else (
+            "ROCm " + torch.version.hip if getattr(torch.version, "hip", None) else "CPU-only build"
+        )
+    )
     rows = [Check("torch", OK, f"{torch.__version__} ({build})")]
     try:
         cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except Exception:
         cudnn = None
-    rows.append(Check("cuDNN", OK if cudnn else INFO, str(cudnn) if cudnn else "not available (needs a CUDA build and a GPU)"))
+    rows.append(
+        Check(
+            "cuDNN",
+            OK if cudnn else INFO,
+            str(cudnn) if cudnn else "not available (needs a CUDA build and a GPU)",
+        )
+    )
     return rows
 
 
@@ -145,56 +172,102 @@ def _gpu_checks() -> tuple[list[Check], int]:
     return rows or [Check("GPUs", MISSING, "CUDA works but reports no device")], len(infos)
 
 
-def _nvml_check() -> tuple[Check, bool]:
-    status = nvml.probe()
+def _nvml_check(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[Check, bool]:
+    status = nvml.probe(timeout_s)
     if not status.available:
         return Check("NVML", MISSING, status.reason), False
     names = ", ".join(
-        f"{d.name} ({format_bytes(d.used_bytes)} used of {format_bytes(d.total_bytes)})" for d in status.devices
+        f"{d.name} ({format_bytes(d.used_bytes)} used of {format_bytes(d.total_bytes)})"
+        for d in status.devices
     )
-    return Check("NVML", OK, f"driver {status.driver_version}; {len(status.devices)} device(s): {names}"), True
+    return Check(
+        "NVML", OK, f"driver {status.driver_version}; {len(status.devices)} device(s): {names}"
+    ), True
 
 
-def _nvidia_smi_check() -> Check:
+def _nvidia_smi_check(timeout_s: float = DEFAULT_TIMEOUT_S) -> Check:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return Check("nvidia-smi", MISSING, "not on PATH (comes with the NVIDIA driver)")
     try:
-        proc = subprocess.run(
-            [exe, "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=15, check=False,
+        proc = processes.run(
+            [exe, "--query-gpu=index,uuid,name", "--format=csv,noheader"], timeout_s
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return Check("nvidia-smi", MISSING, f"did not answer: timed out after {timeout_s:g} s")
+    except OSError as exc:
         return Check("nvidia-smi", MISSING, f"could not run: {exc}")
     if proc.returncode != 0:
         first = (proc.stdout + proc.stderr).strip().splitlines()[:1]
-        return Check("nvidia-smi", MISSING, f"fails with exit code {proc.returncode}: {' '.join(first)}")
-    return Check("nvidia-smi", OK, f"sees {len(proc.stdout.strip().splitlines())} GPU(s)")
+        return Check(
+            "nvidia-smi", MISSING, f"fails with exit code {proc.returncode}: {' '.join(first)}"
+        )
+    lines = [line for line in proc.stdout.strip().splitlines() if line.strip()]
+    for line in lines:  # "0, GPU-5d6c..., NVIDIA H100 80GB HBM3"
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 3 or not fields[0].isdigit() or not _UUID.match(fields[1]):
+            return Check(
+                "nvidia-smi",
+                MISSING,
+                f"answers with something that is not a list of GPUs: {line.strip()[:80]!r}",
+            )
+    if not lines:
+        return Check("nvidia-smi", INFO, "answers, but lists no GPU")
+    return Check("nvidia-smi", OK, f"sees {len(lines)} GPU(s)")
 
 
-def _gputil_check() -> Check:
+def _gputil_check(timeout_s: float = DEFAULT_TIMEOUT_S) -> Check:
     version = _version("GPUtil")
     if version is None:
         return Check("GPUtil", INFO, "not installed (only the source guide uses it)")
+    if shutil.which("nvidia-smi") is None:  # GPUtil finds nothing to run: it sees no GPU
+        return Check("GPUtil", INFO, f"{version}: sees 0 GPU(s); starts nvidia-smi on every call")
     try:
-        import GPUtil
-
-        gpus = GPUtil.getGPUs()
-    except ValueError as exc:  # GPUtil parses nvidia-smi's output; a failing nvidia-smi gives ValueError
-        return Check("GPUtil", MISSING, f"{version}: nvidia-smi gave output GPUtil cannot parse ({exc})")
+        gpus = monitor.gputil_gpus(timeout_s)
+    except monitor.SourceError as exc:
+        return Check("GPUtil", MISSING, f"{version}: {exc}")
     except Exception as exc:
         return Check("GPUtil", MISSING, f"{version}: {type(exc).__name__}: {exc}")
-    return Check("GPUtil", OK if gpus else INFO, f"{version}: sees {len(gpus)} GPU(s); starts nvidia-smi on every call")
+    return Check(
+        "GPUtil",
+        OK if gpus else INFO,
+        f"{version}: sees {len(gpus)} GPU(s); starts nvidia-smi on every call",
+    )
+
+
+def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
+    """Start ``fn()`` in a thread now; the returned function waits for its value.
+
+    Each of these calls is bounded by its own timeout, so the wait is too.
+    """
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except Exception as exc:  # the checks never raise; a bug still becomes a row
+            box["value"] = exc
+
+    thread = threading.Thread(target=target, name="doctor check", daemon=True)
+    thread.start()
+
+    def result() -> object:
+        thread.join()
+        return box["value"]
+
+    return result
 
 
 def _widget_checks() -> tuple[list[Check], bool]:
     rows = []
     ipw = _version("ipywidgets")
-    rows.append(Check("ipywidgets", OK if ipw else MISSING, ipw or "not installed: pip install ipywidgets"))
+    rows.append(
+        Check("ipywidgets", OK if ipw else MISSING, ipw or "not installed: pip install ipywidgets")
+    )
     ext = _version("jupyterlab_widgets")
     ext_dir = None
     if ext:
-        try:
+        try:  # deferred: jupyter_core comes with Jupyter, which some machines do not have
             from jupyter_core.paths import jupyter_path
 
             for base in jupyter_path("labextensions"):
@@ -207,35 +280,86 @@ def _widget_checks() -> tuple[list[Check], bool]:
     if ext and ext_dir:
         rows.append(Check("widget extension", OK, f"jupyterlab_widgets {ext}"))
     elif ext:
-        rows.append(Check("widget extension", MISSING, f"jupyterlab_widgets {ext} is installed but its lab extension files are not found"))
+        rows.append(
+            Check(
+                "widget extension",
+                MISSING,
+                f"jupyterlab_widgets {ext} is installed but its lab extension files are not found",
+            )
+        )
     elif where_running().startswith("Colab"):
         rows.append(Check("widget extension", OK, "Colab renders ipywidgets itself"))
     else:
-        rows.append(Check("widget extension", MISSING, "jupyterlab_widgets not installed: pip install jupyterlab_widgets"))
+        rows.append(
+            Check(
+                "widget extension",
+                MISSING,
+                "jupyterlab_widgets not installed: pip install jupyterlab_widgets",
+            )
+        )
     lab = _version("jupyterlab")
-    rows.append(Check("JupyterLab", OK if lab else INFO, lab or "not installed here (fine on Colab or VS Code)"))
+    rows.append(
+        Check(
+            "JupyterLab",
+            OK if lab else INFO,
+            lab or "not installed here (fine on Colab or VS Code)",
+        )
+    )
     return rows, bool(ipw) and rows[1].status == OK
 
 
-def doctor() -> DoctorReport:
-    """Check everything the course uses. Never raises."""
+def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
+    """Check everything the course uses. Never raises, never hangs.
+
+    ``timeout_s``: seconds each call outside Python (NVML, nvidia-smi, GPUtil) may take; they run
+    side by side, so a machine where all three hang still answers after about ``timeout_s``.
+    """
+    if isinstance(timeout_s, bool) or not (
+        isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
+    ):
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    nvml_result = _in_background(lambda: _nvml_check(timeout_s))
+    smi_result = _in_background(lambda: _nvidia_smi_check(timeout_s))
+    gputil_result = _in_background(lambda: _gputil_check(timeout_s))
     report = DoctorReport()
     add = report.checks.append
     add(Check("where", INFO, where_running()))
-    add(Check("Python", OK, f"{platform.python_version()} ({platform.system()} {platform.machine()})"))
+    add(
+        Check(
+            "Python", OK, f"{platform.python_version()} ({platform.system()} {platform.machine()})"
+        )
+    )
     report.checks.extend(_torch_checks())
     gpu_rows, report.gpu_count = _gpu_checks()
     report.checks.extend(gpu_rows)
-    add(Check("MPS", OK if devices.mps_available() else INFO, "available" if devices.mps_available() else "not available (Apple silicon only)"))
-    nvml_row, report.nvml_ok = _nvml_check()
+    add(
+        Check(
+            "MPS",
+            OK if devices.mps_available() else INFO,
+            "available" if devices.mps_available() else "not available (Apple silicon only)",
+        )
+    )
+    nvml_value = nvml_result()
+    if isinstance(nvml_value, Exception):
+        nvml_value = (Check("NVML", MISSING, f"{type(nvml_value).__name__}: {nvml_value}"), False)
+    nvml_row, report.nvml_ok = nvml_value  # type: ignore[misc]
     add(nvml_row)
-    add(_nvidia_smi_check())
-    add(_gputil_check())
+    for name, result in (("nvidia-smi", smi_result), ("GPUtil", gputil_result)):
+        value = result()
+        add(value if isinstance(value, Check) else Check(name, MISSING, f"{value!r}"))
     try:
-        import torch.distributed as dist
-
-        backends = [b for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available())) if ok]
-        add(Check("torch.distributed", OK if backends else MISSING, ", ".join(backends) or "no backend"))
+        backends = [
+            b
+            for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()))
+            if ok
+        ]
+        add(
+            Check(
+                "torch.distributed",
+                OK if backends else MISSING,
+                ", ".join(backends) or "no backend",
+            )
+        )
     except Exception as exc:
         add(Check("torch.distributed", MISSING, str(exc)))
     widget_rows, report.widgets_ok = _widget_checks()
@@ -244,33 +368,67 @@ def doctor() -> DoctorReport:
         v = _version(dist_name)
         add(Check(dist_name, OK if v else MISSING, v or f"not installed: pip install {dist_name}"))
     try:
-        import psutil
-
         vm = psutil.virtual_memory()
-        add(Check("CPU and RAM", INFO, f"{os.cpu_count()} logical cores, {format_bytes(vm.available)} free of {format_bytes(vm.total)}"))
+        add(
+            Check(
+                "CPU and RAM",
+                INFO,
+                f"{os.cpu_count()} logical cores, "
+                f"{format_bytes(vm.available)} free of {format_bytes(vm.total)}",
+            )
+        )
     except Exception as exc:
         add(Check("CPU and RAM", INFO, f"{os.cpu_count()} logical cores; memory unknown ({exc})"))
     return report
 
 
+def _requirements(items: Sequence[str]) -> list[str]:
+    """``--require`` values, split at commas and checked; an empty one is an error."""
+    pieces = [r.strip() for item in items for r in item.split(",")]
+    if any(not r for r in pieces):
+        raise ValueError("--require needs a value: gpu, gpus=N, widgets or nvml (got an empty one)")
+    for r in pieces:
+        parse_requirement(r)
+    return pieces
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"--timeout must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_utils doctor",
-        description="Show the environment the course runs in; with --require, fail unless it has what a workshop needs.",
+        description="Show the environment the course runs in; "
+        "with --require, fail unless it has what a workshop needs.",
     )
     parser.add_argument(
-        "--require", action="append", default=[], metavar="WHAT",
+        "--require",
+        action="append",
+        default=[],
+        metavar="WHAT",
         help="gpu, gpus=N, widgets or nvml; repeat it or separate with commas",
     )
+    parser.add_argument(
+        "--timeout",
+        default=str(DEFAULT_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"how long NVML and nvidia-smi may take to answer (default {DEFAULT_TIMEOUT_S:g})",
+    )
     args = parser.parse_args(argv)
-    requirements = [r for item in args.require for r in item.split(",") if r.strip()]
     try:
-        for r in requirements:
-            parse_requirement(r)
+        requirements = _requirements(args.require)
+        timeout_s = _seconds(args.timeout)
     except ValueError as exc:
         print(f"doctor: {exc}", file=sys.stderr)
         return 2
-    report = doctor()
+    report = doctor(timeout_s)
     print(report)
     problems = report.missing(requirements)
     if problems:

@@ -28,16 +28,17 @@ otherwise the row's peak.
 
 How it behaves:
 
-* One daemon thread samples every ``period_s`` seconds (default 0.2, minimum 0.02) on a
+* One daemon thread samples every ``period_s`` seconds (default 0.2, from 0.02 to 3600) on a
   monotonic, drift-free schedule (``next += period``); ticks that come too late are skipped
   and counted in ``missed_ticks``, never bunched up. The widget is redrawn at most 10 times a
   second, as one message; faster sampling still records every sample and every peak.
 * ``start()`` twice does not start a second thread; ``stop()`` joins it. The thread also ends
   when the gauge is garbage-collected or the kernel exits.
 * A source that fails (no driver, NVML failing mid-run, a broken ``nvidia-smi``, a psutil
-  error) shows ``unavailable: <reason>`` in its row; the others keep going. Any other error in
-  the thread shows at the top of the widget and in ``gauge.error``. The thread never prints:
-  since ipykernel 7, a thread's prints land in whichever cell ran last.
+  error, a reading that is not a list of well-formed ``Reading`` values) shows
+  ``unavailable: <reason>`` in its row; the others keep going. Any other error in the thread --
+  even one that ends it -- shows at the top of the widget and in ``gauge.error``. The thread
+  never prints: since ipykernel 7, a thread's prints land in whichever cell ran last.
 * Headless (nbval, nbconvert): the text form of the display is constant
   (``LiveGauge(period 200 ms; sources torch, nvml, psutil)``), so strict comparison passes.
 
@@ -56,6 +57,7 @@ from __future__ import annotations
 import atexit
 import html
 import math
+import numbers
 import threading
 import time
 import weakref
@@ -64,13 +66,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ipywidgets as w
+
 from .monitor import Reading, Source, SourceError, make_source
 from .units import format_bytes
 
-__all__ = ["LiveGauge", "Sample", "MIN_PERIOD_S", "DEFAULT_PERIOD_S"]
+__all__ = ["LiveGauge", "Sample", "MIN_PERIOD_S", "MAX_PERIOD_S", "DEFAULT_PERIOD_S"]
 
 DEFAULT_PERIOD_S = 0.2
 MIN_PERIOD_S = 0.02
+MAX_PERIOD_S = 3600.0  # an hour; a longer wait overflows the thread's timer
 _REDRAW_MIN_S = 0.1  # widgets are redrawn at most 10 times a second
 _JOIN_TIMEOUT_S = 5.0  # stop() waits this long (or 10 periods) for a read in progress
 _DEFAULT_SOURCES = ("torch", "nvml", "psutil")
@@ -127,47 +132,101 @@ def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) ->
 
     dark, light = ("#9e9e9e", "#e0e0e0") if muted else ("#1f77b4", "#aec7e8")
     marker = (
-        f'<div class="tu-gauge-peak" title="peak" style="position:absolute;top:-3px;left:{pct(peak)};'
-        'width:2px;height:20px;background:#d62728"></div>'
+        '<div class="tu-gauge-peak" title="peak" style="position:absolute;top:-3px;'
+        f'left:{pct(peak)};width:2px;height:20px;background:#d62728"></div>'
         if peak > 0
         else ""
     )
     return (
         '<div class="tu-gauge-bar" style="position:relative;width:100%;height:14px;'
         'margin-top:6px;background:#f2f2f2;border:1px solid #ccc;border-radius:3px">'
-        f'<div class="tu-gauge-reserved" style="position:absolute;left:0;top:0;height:100%;width:{pct(reserved)};background:{light}"></div>'
-        f'<div class="tu-gauge-used" style="position:absolute;left:0;top:0;height:100%;width:{pct(used)};background:{dark}"></div>'
+        '<div class="tu-gauge-reserved" style="position:absolute;left:0;top:0;height:100%;'
+        f'width:{pct(reserved)};background:{light}"></div>'
+        '<div class="tu-gauge-used" style="position:absolute;left:0;top:0;height:100%;'
+        f'width:{pct(used)};background:{dark}"></div>'
         f"{marker}</div>"
     )
 
 
 def _row_text(reading: Reading | None, peak: int, error: str) -> str:
     if error:
-        return f'<span class="tu-gauge-text" style="color:#b00">unavailable: {html.escape(error)}</span>'
+        return (
+            '<span class="tu-gauge-text" style="color:#b00">'
+            f"unavailable: {html.escape(error)}</span>"
+        )
     if reading is None:
         return '<span class="tu-gauge-text">waiting for the first sample</span>'
     styles = {  # how each kind of number is drawn; the numbers come from Reading.parts
-        "used": '<b>{}</b>',
+        "used": "<b>{}</b>",
         "peak": '<span style="color:#d62728">{}</span>',
     }
-    parts = [styles.get(kind, "{}").format(html.escape(text)) for kind, text in reading.parts(peak_bytes=peak)]
+    parts = [
+        styles.get(kind, "{}").format(html.escape(text))
+        for kind, text in reading.parts(peak_bytes=peak)
+    ]
     return f'<span class="tu-gauge-text">{" · ".join(parts)}</span>'
 
 
+_BYTE_FIELDS = ("used_bytes", "reserved_bytes", "total_bytes", "peak_bytes")
+
+
+def _checked(readings: object) -> list[Reading]:
+    """A source's ``read()`` result if well formed; else ``SourceError`` saying what is wrong.
+
+    A source written for a notebook can return anything; a bad value must become an error row,
+    not a crash of the drawing code (or of ``stop()``) later.
+    """
+    if not isinstance(readings, (list, tuple)):
+        raise SourceError(f"read() returned {type(readings).__name__}, not a list of Reading")
+    for r in readings:
+        if not isinstance(r, Reading):
+            raise SourceError(f"read() returned a {type(r).__name__} in its list, not a Reading")
+        if not isinstance(r.label, str):
+            raise SourceError(f"a reading's label must be text, got {r.label!r}")
+        for name in _BYTE_FIELDS:
+            v = getattr(r, name)
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0
+            ):
+                raise SourceError(
+                    f"malformed reading for {r.label!r}: "
+                    f"{name}={v!r} is not a whole number of bytes"
+                )
+        u = r.utilization_pct
+        if u is not None and (
+            isinstance(u, bool) or not isinstance(u, numbers.Real) or not math.isfinite(u)
+        ):
+            raise SourceError(
+                f"malformed reading for {r.label!r}: utilization_pct={u!r} is not a number"
+            )
+        if not isinstance(r.note, str):
+            raise SourceError(f"malformed reading for {r.label!r}: note={r.note!r} is not text")
+    return list(readings)
+
+
 def _run(ref: weakref.ref, stop: threading.Event, schedule: _Schedule) -> None:
-    """The sampling thread. Holds the gauge only weakly, so a forgotten gauge ends its thread."""
-    while True:
-        if stop.wait(max(0.0, schedule.next - time.monotonic())):
-            return
+    """The sampling thread. Holds the gauge only weakly, so a forgotten gauge ends its thread.
+
+    Nothing escapes it: an error in a tick is shown and sampling goes on; an error anywhere else
+    (the schedule, the clock) ends the thread and is shown too. A thread must never print.
+    """
+    try:
+        while True:
+            if stop.wait(max(0.0, schedule.next - time.monotonic())):
+                return
+            gauge = ref()
+            if gauge is None:
+                return
+            try:
+                gauge._tick()
+            except Exception as exc:
+                gauge._fault(exc)
+            del gauge
+            schedule.advance(time.monotonic())
+    except BaseException as exc:
         gauge = ref()
-        if gauge is None:
-            return
-        try:
-            gauge._tick()
-        except Exception as exc:  # shown in the widget; a thread must never print
-            gauge._fault(exc)
-        del gauge
-        schedule.advance(time.monotonic())
+        if gauge is not None:
+            gauge._fault(exc, fatal=True)
 
 
 class LiveGauge:
@@ -199,19 +258,32 @@ class LiveGauge:
         period_s: float = DEFAULT_PERIOD_S,
         max_samples: int = 200_000,
     ) -> None:
-        if not isinstance(period_s, (int, float)) or not math.isfinite(period_s):
+        if (
+            isinstance(period_s, bool)
+            or not isinstance(period_s, (int, float))
+            or not math.isfinite(period_s)
+        ):
             raise ValueError(f"period_s must be a number of seconds, got {period_s!r}")
         if period_s < MIN_PERIOD_S:
             raise ValueError(
                 f"period_s={period_s} is below the minimum of {MIN_PERIOD_S} s (20 ms): "
                 "sampling faster costs CPU and shows nothing new; use period_s >= 0.02"
             )
+        if period_s > MAX_PERIOD_S:
+            raise ValueError(
+                f"period_s={period_s:g} is above the maximum of {MAX_PERIOD_S:g} s (an hour): "
+                "a gauge shows memory while code runs; sample at least once an hour"
+            )
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+            raise ValueError(
+                f"max_samples must be a whole number of at least 1, got {max_samples!r}"
+            )
         self.period_s = float(period_s)
         specs = tuple(_DEFAULT_SOURCES if sources is None else sources)
         if not specs:
             raise ValueError("give at least one source, e.g. LiveGauge(sources=['psutil'])")
         self.sources: list[Source] = [make_source(s) for s in specs]
-        self._samples: deque[Sample] = deque(maxlen=int(max_samples))
+        self._samples: deque[Sample] = deque(maxlen=max_samples)
         self._rows: dict[tuple[str, str], _Row] = {}
         self._lock = threading.RLock()  # guards samples, rows and the thread handle
         self._thread: threading.Thread | None = None
@@ -227,8 +299,6 @@ class LiveGauge:
     # ------------------------------------------------------------------ widgets
 
     def _build_widget(self) -> None:
-        import ipywidgets as w
-
         # One HTML widget for the whole gauge: one message per redraw, whatever the row count.
         self._state = "not started: call .start()"
         self._html = w.HTML(value=self._render(), layout=w.Layout(width="100%"))
@@ -242,15 +312,21 @@ class LiveGauge:
         names = ", ".join(s.name for s in self.sources)
         parts = [
             '<div class="tu-gauge" style="font-size:13px;line-height:1.5">',
-            f'<div class="tu-gauge-header"><b>LiveGauge</b> · every {self.period_s * 1000:.0f} ms · '
-            f'{html.escape(names)} · <span class="tu-gauge-state">{html.escape(self._state)}</span></div>',
+            '<div class="tu-gauge-header"><b>LiveGauge</b> · '
+            f"every {self.period_s * 1000:.0f} ms · {html.escape(names)} · "
+            f'<span class="tu-gauge-state">{html.escape(self._state)}</span></div>',
         ]
         if self.error:
-            parts.append(f'<div class="tu-gauge-error" style="color:#b00">gauge error: {html.escape(self.error)}</div>')
+            parts.append(
+                '<div class="tu-gauge-error" style="color:#b00">'
+                f"gauge error: {html.escape(self.error)}</div>"
+            )
         for row in self._rows.values():
             parts.append(
-                '<div class="tu-gauge-row" style="display:flex;align-items:center;gap:10px;margin:2px 0">'
-                f'<div style="flex:0 0 14em;font-weight:bold;overflow:hidden;text-overflow:ellipsis;white-space:nowrap">{html.escape(row.label)}</div>'
+                '<div class="tu-gauge-row" style="display:flex;align-items:center;gap:10px;'
+                'margin:2px 0">'
+                '<div style="flex:0 0 14em;font-weight:bold;overflow:hidden;'
+                f'text-overflow:ellipsis;white-space:nowrap">{html.escape(row.label)}</div>'
                 f'<div style="flex:0 0 35%">{row.bar}</div>'
                 f'<div style="flex:1 1 auto">{row.text}</div></div>'
             )
@@ -273,7 +349,9 @@ class LiveGauge:
                 row.bar = _bar_html(0, 0, 0, muted=True)
             else:
                 scale = r.total_bytes or max(row.peak_bytes, r.reserved_bytes or 0, r.used_bytes, 1)
-                row.bar = _bar_html(r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale)
+                row.bar = _bar_html(
+                    r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale
+                )
             row.text = _row_text(r, row.peak_bytes, row.error)
         if self.running:
             self._state = f"running {now - self._t0:.0f} s"
@@ -295,7 +373,7 @@ class LiveGauge:
                 results.append((src, None, src.reason))
                 continue
             try:
-                results.append((src, src.read(), ""))
+                results.append((src, _checked(src.read()), ""))
             except SourceError as exc:
                 results.append((src, None, str(exc)))
             except Exception as exc:  # a source bug must not stop the other rows
@@ -310,8 +388,16 @@ class LiveGauge:
                     row.last, row.error = r, ""
                     row.peak_bytes = max(row.peak_bytes, r.used_bytes or 0, r.peak_bytes or 0)
                     self._samples.append(
-                        Sample(t, src.name, r.label, r.used_bytes, r.reserved_bytes, r.total_bytes,
-                               r.peak_bytes, r.utilization_pct)
+                        Sample(
+                            t,
+                            src.name,
+                            r.label,
+                            r.used_bytes,
+                            r.reserved_bytes,
+                            r.total_bytes,
+                            r.peak_bytes,
+                            r.utilization_pct,
+                        )
                     )
             self._redraw()
 
@@ -324,11 +410,17 @@ class LiveGauge:
             if record:
                 self._samples.append(Sample(t, source, row.label, error=reason))
 
-    def _fault(self, exc: BaseException) -> None:
-        """An unexpected error in the thread: keep it, show it in the widget, print nothing."""
+    def _fault(self, exc: BaseException, fatal: bool = False) -> None:
+        """An unexpected error in the thread: keep it, show it in the widget, print nothing.
+
+        ``fatal``: it ended the thread (the sources stay open until ``stop()``, which is called
+        from the notebook's thread, as the torch source needs).
+        """
         try:
             self.error = f"{type(exc).__name__}: {exc}"
-            self._state = "running, with an error"
+            if fatal:
+                self.error = f"the sampling thread stopped: {self.error}"
+            self._state = "stopped by an error" if fatal else "running, with an error"
             self._html.value = self._render()
         except Exception:
             pass
@@ -399,7 +491,10 @@ class LiveGauge:
                     pass
             if thread.is_alive():  # a source hung in read(): say so instead of hiding it
                 self.error = "the sampling thread did not stop within its timeout (a source hung)"
-            self._redraw(force=True)
+            try:
+                self._redraw(force=True)
+            except Exception as exc:  # stop() always stops; what went wrong is shown
+                self._fault(exc)
         return self
 
     def __enter__(self) -> LiveGauge:
@@ -427,19 +522,26 @@ class LiveGauge:
         above the sampled curve, the poller missed a spike. Returns the matplotlib Axes; end
         the notebook line with ``;``.
         """
+        # Deferred: pyplot takes a moment to import and picks a backend; only plots need it.
         import matplotlib.pyplot as plt
 
         samples = self.samples
         if not any(s.used_bytes is not None for s in samples):
-            raise RuntimeError("nothing recorded yet: start() the gauge, run your code, stop() it, then plot()")
+            raise RuntimeError(
+                "nothing recorded yet: start() the gauge, run your code, stop() it, then plot()"
+            )
         by_label: dict[str, list[Sample]] = {}
         for s in samples:
             if s.used_bytes is not None and (labels is None or s.label in labels):
                 by_label.setdefault(s.label, []).append(s)
         if not by_label:
-            raise ValueError(f"no samples for {list(labels or [])}; recorded rows: {sorted({s.label for s in samples})}")
+            recorded = sorted({s.label for s in samples})
+            raise ValueError(f"no samples for {list(labels or [])}; recorded rows: {recorded}")
         top = max(max(s.used_bytes or 0, s.peak_bytes or 0) for ss in by_label.values() for s in ss)
-        unit_name, unit = next(((n, 2.0**p) for n, p in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if top >= 2.0**p), ("B", 1.0))
+        unit_name, unit = next(
+            ((n, 2.0**p) for n, p in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if top >= 2.0**p),
+            ("B", 1.0),
+        )
         own_figure = ax is None
         if ax is None:
             _, ax = plt.subplots(figsize=(8, 3.5))
@@ -450,13 +552,24 @@ class LiveGauge:
             k = max(range(len(y)), key=y.__getitem__)
             ax.plot([t[k]], [y[k]], marker="v", color=line.get_color(), ms=8)
             right = t[k] > 0.6 * t[-1]  # keep the label inside the axes
-            ax.annotate(f"sampled peak {format_bytes(ss[k].used_bytes)}", (t[k], y[k]),
-                        textcoords="offset points", xytext=(-6 if right else 6, 6),
-                        ha="right" if right else "left", fontsize=8, color=line.get_color())
+            ax.annotate(
+                f"sampled peak {format_bytes(ss[k].used_bytes)}",
+                (t[k], y[k]),
+                textcoords="offset points",
+                xytext=(-6 if right else 6, 6),
+                ha="right" if right else "left",
+                fontsize=8,
+                color=line.get_color(),
+            )
             exact = max((s.peak_bytes or 0) for s in ss)
             if exact:
-                ax.axhline(exact / unit, color=line.get_color(), ls="--", lw=1,
-                           label=f"{label}: allocator peak {format_bytes(exact)}")
+                ax.axhline(
+                    exact / unit,
+                    color=line.get_color(),
+                    ls="--",
+                    lw=1,
+                    label=f"{label}: allocator peak {format_bytes(exact)}",
+                )
         ax.set_xlabel("time since start (s)")
         ax.set_ylabel(f"memory ({unit_name})")
         ax.set_title(f"LiveGauge timeline, one sample every {self.period_s * 1000:.0f} ms")

@@ -1,43 +1,80 @@
 """``make lab``: start JupyterLab on the notebooks, safely.
 
-It always binds to 127.0.0.1 (never 0.0.0.0) and always requires a token: it makes one
-itself, so a stray ``c.ServerApp.token = ''`` in a learner's Jupyter config cannot turn
-it off. As root (containers, some cloud machines) JupyterLab refuses to start unless it is
-given ``--allow-root``, so that flag is added only then.
+* It binds to 127.0.0.1 (never 0.0.0.0) and always requires a token, made here.
+* The token never appears on a command line: any user of the machine can read every process's
+  arguments (``/proc/PID/cmdline``). Jupyter reads it from a file only its owner can read (mode
+  0600 in a private folder, named by ``JUPYTER_TOKEN_FILE``), deleted once the server is up.
+* A busy port is an error, never a silent move: the port is checked first, and Jupyter is told
+  not to try the next one (``port_retries=0``) in case another program takes it meanwhile.
+* The address with the token is printed only when the server listening on that port is the one
+  started here, and it refuses requests without the token (a Jupyter configuration that turns
+  the token off, ``c.ServerApp.token = ''``, is refused with the line to remove).
+* JupyterLab dies with this launcher (Linux: a parent-death signal); Ctrl-C reaches JupyterLab,
+  which asks whether to shut down. As root (containers, some cloud machines) JupyterLab refuses to
+  start unless it is given ``--allow-root``, so that flag is added only then.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["lab_command", "main"]
+import psutil
+
+from .processes import die_with_parent
+
+__all__ = ["lab_command", "main", "parse_port"]
 
 HOST = "127.0.0.1"
+DEFAULT_PORT = 8888
+_READY_TIMEOUT_S = 180.0  # JupyterLab starts in a few seconds; a loaded machine may take more
+_HTTP_TIMEOUT_S = 3.0
+
+
+def parse_port(text: str | int) -> int:
+    """A TCP port from ``PORT=...`` or ``--port``; ``ValueError`` with one sentence otherwise."""
+    try:
+        port = int(str(text).strip())
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ValueError(
+            f"the port must be a whole number from 1 to 65535, got {str(text)!r} "
+            "(for example PORT=8890 make lab)"
+        )
+    return port
 
 
 def lab_command(
     notebook_dir: str | Path = "notebooks",
     *,
-    port: int = 8888,
-    token: str | None = None,
+    port: int = DEFAULT_PORT,
     open_browser: bool = True,
     is_root: bool | None = None,
 ) -> list[str]:
-    """The exact ``jupyter lab`` command line ``make lab`` runs."""
-    if not token:
-        token = secrets.token_hex(24)
+    """The exact ``jupyter lab`` command line ``make lab`` runs (the token is not in it)."""
     if is_root is None:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     cmd = [
-        sys.executable, "-m", "jupyterlab",
+        sys.executable,
+        "-m",
+        "jupyterlab",
         f"--ServerApp.ip={HOST}",
         f"--ServerApp.port={port}",
-        f"--IdentityProvider.token={token}",
+        "--ServerApp.port_retries=0",
         f"--ServerApp.root_dir={Path(notebook_dir).resolve()}",
     ]
     if not open_browser:
@@ -47,21 +84,148 @@ def lab_command(
     return cmd
 
 
+def _port_busy(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Jupyter's server does
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return True
+    return False
+
+
+def _write_token_file(token: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="tutorial-lab-"))  # mode 0700
+    path = folder / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return path
+
+
+def _listens(pid: int, port: int) -> bool:
+    """True when process ``pid`` (or a child of it) listens on ``HOST:port``."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            conns = (
+                proc.net_connections("tcp")
+                if hasattr(proc, "net_connections")
+                else proc.connections("tcp")
+            )
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
+                return True
+    return False
+
+
+def _status_code(port: int, token: str | None) -> int | None:
+    """HTTP status of ``/api/status`` on our port, with or without the token (no proxy)."""
+    request = urllib.request.Request(f"http://{HOST}:{port}/api/status")
+    if token:
+        request.add_header("Authorization", f"token {token}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=_HTTP_TIMEOUT_S) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def _wait_until_ready(child: subprocess.Popen, port: int, token: str) -> str | None:
+    """None when our server is up on ``port`` and needs the token; else why not (one sentence)."""
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if child.poll() is not None:
+            return (
+                f"JupyterLab stopped before it was ready (exit status {child.returncode}); "
+                "its messages are above"
+            )
+        if _listens(child.pid, port):
+            without = _status_code(port, None)
+            if without == 200:
+                return (
+                    "your Jupyter configuration turns the token off (c.ServerApp.token = '' or "
+                    "c.IdentityProvider.token = ''), so anyone on this machine could use this lab: "
+                    "remove that line (see `jupyter --paths` for where the files are)"
+                )
+            if without in (401, 403) and _status_code(port, token) == 200:
+                return None
+        time.sleep(0.25)
+    return f"JupyterLab was not ready after {_READY_TIMEOUT_S:.0f} s; its messages are above"
+
+
+def _stop(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tutorial_utils lab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_utils lab", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--notebook-dir", default="notebooks")
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8888")))
+    parser.add_argument("--port", default=None, help=f"default: $PORT, else {DEFAULT_PORT}")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     args = parser.parse_args(argv)
-    if not 1 <= args.port <= 65535:
-        print(f"lab: port must be between 1 and 65535, got {args.port}", file=sys.stderr)
+    try:
+        port = parse_port(args.port if args.port is not None else os.environ.get("PORT", "8888"))
+    except ValueError as exc:
+        print(f"lab: {exc}", file=sys.stderr)
         return 2
     if not Path(args.notebook_dir).is_dir():
-        print(f"lab: no folder {args.notebook_dir!r}; run this from the repository root", file=sys.stderr)
+        print(
+            f"lab: no folder {args.notebook_dir!r}; run this from the repository root",
+            file=sys.stderr,
+        )
+        return 2
+    if _port_busy(port):
+        print(
+            f"lab: port {port} is already in use on {HOST} (another JupyterLab?): stop that "
+            f"program, or choose another port, e.g. PORT={port + 1 if port < 65535 else 8890} "
+            "make lab",
+            file=sys.stderr,
+        )
         return 2
     token = secrets.token_hex(24)
-    cmd = lab_command(args.notebook_dir, port=args.port, token=token, open_browser=not args.no_browser)
-    # JupyterLab masks a token it did not generate ("?token=..."), so print the address here.
-    print(f"JupyterLab will be at: http://{HOST}:{args.port}/lab?token={token}", flush=True)
-    os.execv(cmd[0], cmd)
-    return 0  # not reached
+    token_file = _write_token_file(token)
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # it would win over ours
+    env["JUPYTER_TOKEN_FILE"] = str(token_file)
+    cmd = lab_command(args.notebook_dir, port=port, open_browser=not args.no_browser)
+    # Ctrl-C in the terminal reaches JupyterLab too (same process group); it asks whether to stop,
+    # so this launcher only waits. SIGTERM / SIGHUP of the launcher are passed on.
+    passed_on = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *passed_on)}
+    signal.signal(signal.SIGINT, lambda *_: None)
+    child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+
+    def pass_on(signum, _frame):
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
+
+    for s in passed_on:
+        signal.signal(s, pass_on)
+    try:
+        problem = _wait_until_ready(child, port, token)
+        shutil.rmtree(token_file.parent, ignore_errors=True)  # the server has read it
+        if problem:
+            _stop(child)
+            print(f"lab: {problem}", file=sys.stderr)
+            return 1
+        print(f"\nJupyterLab is ready at: http://{HOST}:{port}/lab?token={token}\n", flush=True)
+        return child.wait()
+    finally:
+        shutil.rmtree(token_file.parent, ignore_errors=True)
+        _stop(child)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -104,13 +104,30 @@ def _blas_copy_bytes(m: torch.Tensor) -> int:
     return m.numel() * m.element_size()
 
 
-def _slow_conv_columns(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, transposed, output_padding, groups) -> int:
+def _slow_conv_columns(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+) -> int:
     """Bytes of the im2col buffer of PyTorch's own CPU convolution ("Slow2d"; oneDNN is used
     when it can be, and has no such buffer). It is (N, C_in/groups * kh * kw, H_out * W_out)."""
     if x.device.type != "cpu" or weight.dim() != 4 or transposed:
         return 0
     backend = torch._C._select_conv_backend(
-        x, weight, None, list(stride), list(padding), list(dilation), transposed, list(output_padding), groups
+        x,
+        weight,
+        None,
+        list(stride),
+        list(padding),
+        list(dilation),
+        transposed,
+        list(output_padding),
+        groups,
     )
     if backend != torch._C._ConvBackend.Slow2d:
         return 0
@@ -138,7 +155,9 @@ def _scratch_bytes(func, args, storage_device: str) -> int:
         return _blas_copy_bytes(args[1]) + _blas_copy_bytes(args[2])
     if func is torch.ops.aten.convolution.default:  # (input, weight, bias, stride, padding, ...)
         return _slow_conv_columns(args[0], args[1], *args[3:9])
-    if func is torch.ops.aten.convolution_backward.default:  # (grad, input, weight, bias_sizes, ...)
+    if (
+        func is torch.ops.aten.convolution_backward.default
+    ):  # (grad, input, weight, bias_sizes, ...)
         return _slow_conv_columns(args[1], args[2], *args[4:10])
     if func is torch.ops.aten.native_batch_norm_backward.default and args[1].device.type == "cpu":
         return args[1].numel() * args[1].element_size()  # a temporary the size of the input
@@ -436,7 +455,9 @@ class Tracker:
 
     def start(self) -> Tracker:
         if self.running:
-            raise RuntimeError("this Tracker is already running; call stop() before starting it again")
+            raise RuntimeError(
+                "this Tracker is already running; call stop() before starting it again"
+            )
         if self.device.type == "cuda":
             self._window = _cuda_open(self.device.index)
         else:
@@ -448,7 +469,9 @@ class Tracker:
         if not self.running:
             return
         if self._owner != threading.get_ident():
-            raise RuntimeError("stop() this Tracker from the thread that started it (the notebook's)")
+            raise RuntimeError(
+                "stop() this Tracker from the thread that started it (the notebook's)"
+            )
         if self.device.type == "cuda":
             _cuda_close(self.device.index, self._window)
             self._final = (self.current_bytes, int(self._window.peak))
@@ -549,7 +572,9 @@ class Measurement:
         return f"Measurement({self.device}: " + ", ".join(f"{k} {v}" for k, v in self._rows()) + ")"
 
     def _repr_html_(self) -> str:
-        body = "".join(f"<tr><td>{k}</td><td style='text-align:right'>{v}</td></tr>" for k, v in self._rows())
+        body = "".join(
+            f"<tr><td>{k}</td><td style='text-align:right'>{v}</td></tr>" for k, v in self._rows()
+        )
         return f"<table><caption>tensor memory on {self.device}</caption>{body}</table>"
 
 
@@ -787,7 +812,9 @@ class _ModuleWatch:
         self.handles = []
         for m in self.names:
             self.handles.append(m.register_forward_pre_hook(self._enter))
-            self.handles.append(m.register_forward_hook(self._leave))  # not on error: keep the culprit
+            self.handles.append(
+                m.register_forward_hook(self._leave)
+            )  # not on error: keep the culprit
 
     def _enter(self, module, args):
         self.stack.append(self.names[module])
@@ -810,10 +837,14 @@ class _ModuleWatch:
             where = "the loss function"
         text = str(exc).strip()
         reason = text.splitlines()[0] if text else "no message"
-        return EstimateError(f"estimate could not run {where} on fake tensors: {type(exc).__name__}: {reason}")
+        return EstimateError(
+            f"estimate could not run {where} on fake tensors: {type(exc).__name__}: {reason}"
+        )
 
 
-def _run_step(model, inputs, loss_fn, optimizer, acc: _Accountant, estimated: bool, device_name: str):
+def _run_step(
+    model, inputs, loss_fn, optimizer, acc: _Accountant, estimated: bool, device_name: str
+):
     """Forward, backward and (optionally) an optimizer step, booked by ``acc``."""
     params = list(model.parameters())
     buffers = list(model.buffers())
@@ -860,7 +891,9 @@ def _run_step(model, inputs, loss_fn, optimizer, acc: _Accountant, estimated: bo
                 acc.reset_window_peak(window)
                 opt.step()
                 phase_peaks["optimizer step"] = acc.window_peak(window)
-                state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+                state = [
+                    v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+                ]
                 state_bytes, _ = _unique_bytes(state, known | grad_keys)
             del opt
     finally:
@@ -919,12 +952,18 @@ def breakdown(
     inputs = _as_tuple(inputs)
     device = _model_device(model)
     if device.type == "meta":
-        raise ValueError("this model is on the meta device and has no real memory; use memory.estimate(model, inputs)")
+        raise ValueError(
+            "this model is on the meta device and has no real memory; use memory.estimate(model, inputs)"
+        )
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.device != device:
-            raise ValueError(f"the inputs are on {x.device} but the model is on {device}; move them with .to({str(device)!r})")
+            raise ValueError(
+                f"the inputs are on {x.device} but the model is on {device}; move them with .to({str(device)!r})"
+            )
     if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError("no parameter of this model requires grad, so there is no training step to measure")
+        raise ValueError(
+            "no parameter of this model requires grad, so there is no training step to measure"
+        )
     old_grads = {p: p.grad for p in model.parameters()}
     for p in old_grads:
         p.grad = None
@@ -932,7 +971,9 @@ def breakdown(
         if device.type == "cuda":
             return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
         acc = _Accountant("cpu")
-        return _run_step(model, inputs, loss_fn, optimizer, acc, estimated=False, device_name=str(device))
+        return _run_step(
+            model, inputs, loss_fn, optimizer, acc, estimated=False, device_name=str(device)
+        )
     finally:
         for p, g in old_grads.items():
             p.grad = g
@@ -945,10 +986,14 @@ def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdow
     before = torch.cuda.memory_allocated(index)
     window = _cuda_open(index)
     try:
-        result = _run_step(model, inputs, loss_fn, optimizer, _Accountant("cuda"), False, str(device))
+        result = _run_step(
+            model, inputs, loss_fn, optimizer, _Accountant("cuda"), False, str(device)
+        )
     finally:
         _cuda_close(index, window)
-    own = result.parameters + result.buffers + result.inputs  # allocated before and part of the step
+    own = (
+        result.parameters + result.buffers + result.inputs
+    )  # allocated before and part of the step
     peak = window.peak - before + own
     return dataclasses.replace(result, peak=int(peak))
 
@@ -971,8 +1016,10 @@ def spec(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> TensorSpec
 
 
 def _is_shape(x) -> bool:
-    return isinstance(x, (tuple, list, torch.Size)) and len(x) > 0 and all(
-        isinstance(n, int) and not isinstance(n, bool) for n in x
+    return (
+        isinstance(x, (tuple, list, torch.Size))
+        and len(x) > 0
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in x)
     )
 
 
@@ -993,7 +1040,11 @@ def _fake_model(model: nn.Module, device: torch.device) -> nn.Module:
         if id(t) in memo:
             continue
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
-        memo[id(t)] = nn.Parameter(fake, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else fake
+        memo[id(t)] = (
+            nn.Parameter(fake, requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else fake
+        )
     return copy.deepcopy(model, memo)
 
 
@@ -1038,7 +1089,9 @@ def estimate(
         if not isinstance(model, nn.Module):
             raise TypeError(f"the factory returned {type(model).__name__}, not an nn.Module")
     else:
-        raise TypeError(f"estimate needs an nn.Module or a function that builds one, not {type(model_or_factory).__name__}")
+        raise TypeError(
+            f"estimate needs an nn.Module or a function that builds one, not {type(model_or_factory).__name__}"
+        )
     home = _model_device(model)
     if device is not None:
         target = _resolve(device)
@@ -1049,10 +1102,14 @@ def estimate(
     raw = _as_tuple(inputs)
     for x in raw:
         if isinstance(x, torch.Tensor) and home.type != "meta" and x.device != home:
-            raise ValueError(f"the inputs are on {x.device} but the model is on {home}; move them with .to({str(home)!r})")
+            raise ValueError(
+                f"the inputs are on {x.device} but the model is on {home}; move them with .to({str(home)!r})"
+            )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, _quiet_logger("torch._subclasses.fake_tensor"):
         fmodel = _fake_model(model, target)
         finputs = tuple(_fake_input(x, target) for x in raw)
         acc = _Accountant("meta")  # fake tensors keep their (empty) storage on meta
-        return _run_step(fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target))
+        return _run_step(
+            fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target)
+        )

@@ -4,9 +4,17 @@ Every constructor takes ``seed`` so two builds give identical weights: notebooks
 technique against a baseline (DataParallel vs one device, accumulation vs a big batch) and
 need the same starting point. Each model has a matching ``*_batch`` function that makes a
 seeded input batch of the right shape on a given device.
+
+Building a model leaves the learner's random state alone: the layers are initialised inside
+``torch.random.fork_rng`` with the CPU generator seeded, so ``torch.manual_seed(0); MLP();
+torch.rand(1)`` draws the same number as ``torch.manual_seed(0); torch.rand(1)``. The weights
+are the ones ``torch.manual_seed(seed)`` followed by the same layers gives (tested).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -30,19 +38,30 @@ def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@contextlib.contextmanager
+def _initialised_with(seed: int) -> Iterator[None]:
+    """Layers built inside draw from the CPU generator seeded with ``seed``; on exit the
+    generator is back where the learner left it (and no CUDA generator is touched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        yield
+
+
 class MLP(nn.Module):
     """Linear - ReLU - Linear (- ReLU - Linear ...). The workhorse of the memory demos."""
 
-    def __init__(self, d_in: int = 256, d_hidden: int = 1024, d_out: int = 10, depth: int = 2, seed: int = 0):
+    def __init__(
+        self, d_in: int = 256, d_hidden: int = 1024, d_out: int = 10, depth: int = 2, seed: int = 0
+    ):
         super().__init__()
-        torch.manual_seed(seed)
-        dims = [d_in] + [d_hidden] * (depth - 1) + [d_out]
-        layers: list[nn.Module] = []
-        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
-            layers.append(nn.Linear(a, b))
-            if i < len(dims) - 2:
-                layers.append(nn.ReLU())
-        self.net = nn.Sequential(*layers)
+        with _initialised_with(seed):
+            dims = [d_in] + [d_hidden] * (depth - 1) + [d_out]
+            layers: list[nn.Module] = []
+            for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+                layers.append(nn.Linear(a, b))
+                if i < len(dims) - 2:
+                    layers.append(nn.ReLU())
+            self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, d_in) -> (B, d_out)
         return self.net(x)
@@ -57,13 +76,17 @@ class ConvNet(nn.Module):
 
     def __init__(self, channels: int = 16, n_classes: int = 10, seed: int = 0):
         super().__init__()
-        torch.manual_seed(seed)
-        self.features = nn.Sequential(
-            nn.Conv2d(3, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.BatchNorm2d(2 * channels), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-        )
-        self.head = nn.Linear(2 * channels, n_classes)
+        with _initialised_with(seed):
+            self.features = nn.Sequential(
+                nn.Conv2d(3, channels, 3, padding=1),
+                nn.BatchNorm2d(channels),
+                nn.ReLU(),
+                nn.Conv2d(channels, 2 * channels, 3, padding=1),
+                nn.BatchNorm2d(2 * channels),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+            )
+            self.head = nn.Linear(2 * channels, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, n_classes)
         return self.head(self.features(x).flatten(1))
@@ -74,12 +97,19 @@ def image_batch(batch: int = 8, size: int = 32, device="cpu", seed: int = 1) -> 
 
 
 class LSTMClassifier(nn.Module):
-    def __init__(self, vocab: int = 1000, d_model: int = 64, hidden: int = 128, n_classes: int = 5, seed: int = 0):
+    def __init__(
+        self,
+        vocab: int = 1000,
+        d_model: int = 64,
+        hidden: int = 128,
+        n_classes: int = 5,
+        seed: int = 0,
+    ):
         super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab, d_model)
-        self.lstm = nn.LSTM(d_model, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, n_classes)
+        with _initialised_with(seed):
+            self.embed = nn.Embedding(vocab, d_model)
+            self.lstm = nn.LSTM(d_model, hidden, batch_first=True)
+            self.head = nn.Linear(hidden, n_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, n_classes)
         out, _ = self.lstm(self.embed(tokens))
@@ -89,13 +119,23 @@ class LSTMClassifier(nn.Module):
 class TinyTransformer(nn.Module):
     """A small encoder (pre-norm) with a classification head."""
 
-    def __init__(self, vocab: int = 1000, d_model: int = 64, n_heads: int = 4, n_layers: int = 2, n_classes: int = 5, seed: int = 0):
+    def __init__(
+        self,
+        vocab: int = 1000,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        n_classes: int = 5,
+        seed: int = 0,
+    ):
         super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab, d_model)
-        layer = nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d_model, n_classes)
+        with _initialised_with(seed):
+            self.embed = nn.Embedding(vocab, d_model)
+            layer = nn.TransformerEncoderLayer(
+                d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True
+            )
+            self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+            self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, n_classes)
         return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
@@ -106,9 +146,9 @@ class EmbeddingBagClassifier(nn.Module):
 
     def __init__(self, vocab: int = 50_000, d_model: int = 64, n_classes: int = 5, seed: int = 0):
         super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab, d_model)
-        self.head = nn.Linear(d_model, n_classes)
+        with _initialised_with(seed):
+            self.embed = nn.Embedding(vocab, d_model)
+            self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, n_classes)
         return self.head(self.embed(tokens).mean(dim=1))
@@ -119,15 +159,17 @@ class TiedLM(nn.Module):
 
     def __init__(self, vocab: int = 2000, d_model: int = 64, seed: int = 0):
         super().__init__()
-        torch.manual_seed(seed)
-        self.embed = nn.Embedding(vocab, d_model)
-        self.mix = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU())
-        self.out = nn.Linear(d_model, vocab, bias=False)
-        self.out.weight = self.embed.weight  # one Parameter, counted once
+        with _initialised_with(seed):
+            self.embed = nn.Embedding(vocab, d_model)
+            self.mix = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU())
+            self.out = nn.Linear(d_model, vocab, bias=False)
+            self.out.weight = self.embed.weight  # one Parameter, counted once
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
         return self.out(self.mix(self.embed(tokens)))
 
 
-def token_batch(batch: int = 8, seq: int = 16, vocab: int = 1000, device="cpu", seed: int = 1) -> torch.Tensor:
+def token_batch(
+    batch: int = 8, seq: int = 16, vocab: int = 1000, device="cpu", seed: int = 1
+) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=seeded(seed)).to(device)

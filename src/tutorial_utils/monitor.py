@@ -36,11 +36,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
+import signal
+import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from . import nvml
 from .units import format_bytes
@@ -54,6 +61,8 @@ __all__ = [
     "GPUtilSource",
     "PsutilSource",
     "SOURCE_NAMES",
+    "GPUTIL_TIMEOUT_S",
+    "gputil_gpus",
     "make_source",
 ]
 
@@ -95,11 +104,6 @@ class Reading:
         if self.note:
             parts.append(("note", self.note))
         return parts
-
-    def summary(self) -> str:
-        """The numbers as one line in binary units, e.g. ``'1.00 GiB used of 16.00 GiB'``."""
-        parts = [text for _, text in self.parts()]
-        return ", ".join(parts) if parts else "no data"
 
 
 class Source:
@@ -167,7 +171,10 @@ class TorchSource(Source):
         try:
             from .memory import Tracker
         except ImportError as exc:
-            self.available, self.reason = False, f"tutorial_utils.memory could not be imported ({exc})"
+            self.available, self.reason = (
+                False,
+                f"tutorial_utils.memory could not be imported ({exc})",
+            )
             return
         n = _cuda_count()
         labels = [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
@@ -177,7 +184,10 @@ class TorchSource(Source):
                 tracker = Tracker(label).start()
             except Exception as exc:
                 self.close()
-                self.available, self.reason = False, f"the {label} memory tracker failed to start ({exc})"
+                self.available, self.reason = (
+                    False,
+                    f"the {label} memory tracker failed to start ({exc})",
+                )
                 return
             self._trackers.append((label, tracker))
             if label == "cpu":
@@ -186,7 +196,9 @@ class TorchSource(Source):
                 torch.zeros(1)
             if label.startswith("cuda"):
                 try:
-                    self._totals[label] = int(torch.cuda.get_device_properties(int(label[5:])).total_memory)
+                    self._totals[label] = int(
+                        torch.cuda.get_device_properties(int(label[5:])).total_memory
+                    )
                 except Exception:
                     self._totals[label] = None
         self.available, self.reason = True, ""
@@ -200,8 +212,14 @@ class TorchSource(Source):
         for label, tracker in self._trackers:
             try:
                 if label == "cpu":
-                    out.append(Reading("cpu (exact)", used_bytes=int(tracker.current_bytes),
-                                       peak_bytes=int(tracker.peak_bytes), note="tensor storage"))
+                    out.append(
+                        Reading(
+                            "cpu (exact)",
+                            used_bytes=int(tracker.current_bytes),
+                            peak_bytes=int(tracker.peak_bytes),
+                            note="tensor storage",
+                        )
+                    )
                     continue
                 index = int(label[5:])
                 out.append(
@@ -235,70 +253,157 @@ class NvmlSource(Source):
     Rows are labelled ``NVML cuda:N`` with torch's index (matched by UUID), or
     ``NVML #k (hidden)`` for a GPU that ``CUDA_VISIBLE_DEVICES`` hides from torch.
     Used memory includes every process and the CUDA context, so it is larger than what torch
-    reports as allocated or reserved.
+    reports as allocated or reserved. ``open()`` gives NVML ``timeout_s`` seconds to start and
+    list the GPUs (a hung driver makes the source unavailable, saying so); each read runs on the
+    gauge's thread, whose ``stop()`` never waits for a hung one.
     """
 
     name = "nvml"
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = nvml.DEFAULT_TIMEOUT_S) -> None:
         super().__init__()
-        self._handles: list[tuple[str, Any]] = []
+        self.timeout_s = timeout_s
+        self._gpus: list[tuple[str, nvml.NvmlGpu]] = []
         self._opened = False
 
     def open(self) -> None:
         try:
-            nvml.init()
+            nvml.init(self.timeout_s)
         except RuntimeError as exc:
             self.available, self.reason = False, str(exc)
             return
         self._opened = True
-        pynvml = nvml._pynvml()
         try:
-            uuids = nvml.cuda_uuids()
-            handles = []
-            for k in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(k)
-                uuid = nvml._decode(pynvml.nvmlDeviceGetUUID(handle))
-                name = nvml._decode(pynvml.nvmlDeviceGetName(handle))
-                cuda = uuids.get(uuid)
-                label = f"NVML cuda:{cuda} ({name})" if cuda is not None else f"NVML #{k} (hidden, {name})"
-                handles.append((cuda if cuda is not None else 1000 + k, label, handle))
-        except pynvml.NVMLError as exc:
+            gpus = nvml.gpus(self.timeout_s)
+        except RuntimeError as exc:
             self.close()
-            self.available, self.reason = False, f"NVML could not list the GPUs: {exc}"
+            self.available, self.reason = False, str(exc)
             return
-        if not handles:
+        if not gpus:
             self.close()
             self.available, self.reason = False, "NVML found no GPU"
             return
-        self._handles = [(label, handle) for _, label, handle in sorted(handles, key=lambda t: t[0])]
+        rows = []
+        for gpu in gpus:
+            if gpu.cuda_index is not None:
+                rows.append((gpu.cuda_index, f"NVML cuda:{gpu.cuda_index} ({gpu.name})", gpu))
+            else:  # hidden from torch: after the visible ones
+                rows.append(
+                    (1000 + gpu.nvml_index, f"NVML #{gpu.nvml_index} (hidden, {gpu.name})", gpu)
+                )
+        self._gpus = [(label, gpu) for _, label, gpu in sorted(rows, key=lambda t: t[0])]
         self.available, self.reason = True, ""
 
     def read(self) -> list[Reading]:
         if not self.available:
             raise SourceError(self.reason)
-        pynvml = nvml._pynvml()
         out = []
-        for label, handle in self._handles:
+        for label, gpu in self._gpus:
             try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            except pynvml.NVMLError as exc:
-                raise SourceError(f"NVML query failed: {exc}") from exc
-            try:
-                util: float | None = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except pynvml.NVMLError:
-                util = None  # not supported on some devices (MIG slices, vGPU)
-            out.append(Reading(label, used_bytes=int(mem.used), total_bytes=int(mem.total), utilization_pct=util))
+                used, total = nvml.memory(gpu)
+            except nvml.NvmlError as exc:
+                raise SourceError(str(exc)) from exc
+            out.append(
+                Reading(
+                    label,
+                    used_bytes=used,
+                    total_bytes=total,
+                    utilization_pct=nvml.utilization_pct(gpu),
+                )
+            )
         return out
 
     def close(self) -> None:
         if self._opened:
             self._opened = False
-            self._handles = []
+            self._gpus = []
             nvml.shutdown()
 
 
 # --------------------------------------------------------------------------- GPUtil
+
+#: Seconds one ``nvidia-smi`` call (through GPUtil) may take before it counts as hung.
+GPUTIL_TIMEOUT_S = 5.0
+_gputil_lock = threading.Lock()
+
+
+def _import_gputil() -> Any:
+    # Deferred: GPUtil imports distutils, which Python 3.12 no longer ships (setuptools brings
+    # it back); a failing import must be a row that says so, not an error importing this module.
+    try:
+        import GPUtil
+    except ImportError as exc:
+        raise SourceError(
+            f"GPUtil cannot be imported ({exc}); pip install GPUtil setuptools"
+        ) from exc
+    return GPUtil
+
+
+class _BoundedPopen(subprocess.Popen):
+    """What GPUtil gets as ``Popen`` during :func:`gputil_gpus`: ``communicate`` has a timeout.
+
+    GPUtil starts ``nvidia-smi`` and waits for it without one, inside a bare ``except:`` that
+    turns every failure into "no GPU". So the outcome is recorded here, on the class made for
+    that one call, and the whole process group of ``nvidia-smi`` is killed and reaped on timeout.
+    """
+
+    timeout_s = GPUTIL_TIMEOUT_S
+    problem = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("stderr", subprocess.DEVNULL)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        kwargs["start_new_session"] = True
+        try:
+            super().__init__(*args, **kwargs)
+        except OSError as exc:
+            type(self).problem = f"nvidia-smi could not be run: {exc}"
+            raise
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> Any:
+        try:
+            return super().communicate(input, timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            type(self).problem = f"nvidia-smi did not answer: timed out after {self.timeout_s:g} s"
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
+                super().communicate(timeout=5)
+            raise
+
+
+def gputil_gpus(timeout_s: float = GPUTIL_TIMEOUT_S) -> list[Any]:
+    """``GPUtil.getGPUs()``, but never longer than ``timeout_s`` and never a silent failure.
+
+    Raises :class:`SourceError` with one sentence when GPUtil cannot be imported, ``nvidia-smi``
+    cannot be run, hangs (it and what it started are killed), or answers with something that is
+    not a list of GPUs. Returns GPUtil's ``GPU`` objects (memory in MiB, ``load`` as a fraction).
+    """
+    gputil = _import_gputil()
+    module = getattr(gputil, "GPUtil", gputil)  # GPUtil.GPUtil holds getGPUs' globals
+    bounded = type("BoundedPopen", (_BoundedPopen,), {"timeout_s": float(timeout_s)})
+    with _gputil_lock:
+        original = getattr(module, "Popen", None)
+        module.Popen = bounded
+        try:
+            gpus = gputil.getGPUs()
+        except (ValueError, IndexError) as exc:
+            raise SourceError(
+                "nvidia-smi gave output GPUtil cannot parse "
+                f"(GPUtil raised {type(exc).__name__}: {exc})"
+            ) from exc
+        finally:
+            module.Popen = original
+    if bounded.problem:
+        raise SourceError(bounded.problem)
+    for gpu in gpus:
+        total = float(getattr(gpu, "memoryTotal", math.nan))
+        if not (str(getattr(gpu, "uuid", "")).startswith("GPU-") and math.isfinite(total)):
+            raise SourceError(
+                f"nvidia-smi gave output that is not a GPU list (GPU uuid {gpu.uuid!r}, "
+                f"memory {gpu.memoryTotal!r} MiB)"
+            )
+    return list(gpus)
 
 
 class GPUtilSource(Source):
@@ -307,28 +412,30 @@ class GPUtilSource(Source):
     Each read starts one ``nvidia-smi`` process (milliseconds), so sample it slowly; every row's
     note shows what the last call cost (``last_call_s``).
     GPUtil reports memory in MiB; rows are labelled ``GPUtil cuda:N`` (matched by UUID).
-    A broken ``nvidia-smi`` makes GPUtil raise ``ValueError``; this source turns that into a
-    :class:`SourceError`.
+    A broken or hung ``nvidia-smi`` (GPUtil itself would raise ``ValueError`` or wait forever)
+    becomes a :class:`SourceError` after at most ``timeout_s`` seconds.
     """
 
     name = "gputil"
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float = GPUTIL_TIMEOUT_S) -> None:
         super().__init__()
-        self._gputil: Any = None
+        self.timeout_s = timeout_s
         self._uuids: dict[str, int] = {}
         self.last_call_s: float | None = None  # how long the last getGPUs() took
 
     def open(self) -> None:
         try:
-            import GPUtil
-        except ImportError as exc:  # Python 3.12 without setuptools: GPUtil imports distutils
-            self.available, self.reason = False, f"GPUtil cannot be imported ({exc}); pip install GPUtil setuptools"
+            _import_gputil()
+        except SourceError as exc:
+            self.available, self.reason = False, str(exc)
             return
         if shutil.which("nvidia-smi") is None:
-            self.available, self.reason = False, "nvidia-smi is not on PATH (no NVIDIA driver), so GPUtil sees no GPU"
+            self.available, self.reason = (
+                False,
+                "nvidia-smi is not on PATH (no NVIDIA driver), so GPUtil sees no GPU",
+            )
             return
-        self._gputil = GPUtil
         try:
             self._uuids = nvml.cuda_uuids()
         except Exception:
@@ -339,15 +446,10 @@ class GPUtilSource(Source):
         if not self.available:
             raise SourceError(self.reason)
         t = time.perf_counter()
-        try:
-            gpus = self._gputil.getGPUs()
-        except (ValueError, IndexError) as exc:
-            raise SourceError(f"nvidia-smi gave output GPUtil cannot parse (GPUtil raised {type(exc).__name__}: {exc})") from exc
-        except OSError as exc:
-            raise SourceError(f"nvidia-smi could not be run: {exc}") from exc
+        gpus = gputil_gpus(self.timeout_s)
         self.last_call_s = time.perf_counter() - t
         if not gpus:
-            raise SourceError("GPUtil found no GPU (nvidia-smi did not answer)")
+            raise SourceError("GPUtil found no GPU (nvidia-smi listed none)")
         cost = f"{self.last_call_s * 1000:.0f} ms per call (one nvidia-smi process)"
         out = []
         for gpu in gpus:
@@ -381,15 +483,9 @@ class PsutilSource(Source):
         super().__init__()
         self.pid = pid
         self._proc: Any = None
-        self._psutil: Any = None
         self._cpu_mark = (0.0, 0.0)  # (process CPU seconds, monotonic seconds) at the last read
 
     def open(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            self.available, self.reason = False, "psutil is not installed (pip install psutil)"
-            return
         try:
             self._proc = psutil.Process(self.pid if self.pid is not None else os.getpid())
             self._proc.cpu_percent(None)  # prime the CPU counters
@@ -398,25 +494,35 @@ class PsutilSource(Source):
         except psutil.Error as exc:
             self.available, self.reason = False, f"psutil cannot see the process: {exc}"
             return
-        self._psutil = psutil
         self.available, self.reason = True, ""
 
     def read(self) -> list[Reading]:
         if not self.available:
             raise SourceError(self.reason)
-        psutil = self._psutil
         try:
             rss = int(self._proc.memory_info().rss)
-            proc_cpu = self._own_cpu_pct() if self.pid is None else float(self._proc.cpu_percent(None))
+            proc_cpu = (
+                self._own_cpu_pct() if self.pid is None else float(self._proc.cpu_percent(None))
+            )
             vm = psutil.virtual_memory()
             sys_cpu = float(psutil.cpu_percent(None))
         except psutil.Error as exc:
             raise SourceError(f"psutil failed: {exc}") from exc
         return [
-            Reading("process", used_bytes=rss, total_bytes=int(vm.total), utilization_pct=proc_cpu, note="RSS"),
-            Reading("system", used_bytes=int(vm.total - vm.available), total_bytes=int(vm.total), utilization_pct=sys_cpu),
+            Reading(
+                "process",
+                used_bytes=rss,
+                total_bytes=int(vm.total),
+                utilization_pct=proc_cpu,
+                note="RSS",
+            ),
+            Reading(
+                "system",
+                used_bytes=int(vm.total - vm.available),
+                total_bytes=int(vm.total),
+                utilization_pct=sys_cpu,
+            ),
         ]
-
 
     def _own_cpu_pct(self) -> float:
         # This process's CPU time from the C library clock: a few microseconds, where
@@ -444,5 +550,7 @@ def make_source(spec: str | Source) -> Source:
         return spec
     key = str(spec).lower()
     if key not in _CLASSES:
-        raise ValueError(f"unknown source {spec!r}: choose from {', '.join(SOURCE_NAMES)} or pass a Source")
+        raise ValueError(
+            f"unknown source {spec!r}: choose from {', '.join(SOURCE_NAMES)} or pass a Source"
+        )
     return _CLASSES[key]()

@@ -116,8 +116,14 @@ class Timing:
 
     def bandwidth(self, nbytes: int) -> float:
         """Bytes per second when each call moves ``nbytes`` (uses the median time)."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be 0 or more, got {nbytes}")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"nbytes must be a whole number of bytes, 0 or more, got {nbytes!r}")
+        if not self.median > 0:
+            raise ValueError(
+                f"the median time of {self.name or 'this timing'} is {self.median!r} s, so no "
+                "bandwidth follows from it: time more calls per sample (number=...) or a "
+                "bigger copy"
+            )
         return nbytes / self.median
 
     def bandwidth_str(self, nbytes: int) -> str:
@@ -134,14 +140,20 @@ class Timing:
 
 
 def _resolve_device(device: str | int | torch.device | None) -> torch.device:
-    """``None``: the current CUDA device when there is a GPU, else the CPU. Else checked."""
-    if device is None:
-        if devices.has_gpu():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    resolved = devices.pick_device(device)
-    if resolved.type == "meta":
-        raise ValueError("the 'meta' device runs no computation, so there is nothing to time: use 'cpu' or 'cuda'")
+    """The device whose queued work must finish before the clock is read.
+
+    ``devices.resolve`` decides, as everywhere in the package: ``None`` honours
+    ``TUTORIAL_DEVICE``, then prefers CUDA, MPS, the CPU. With ``None`` on CUDA the *current*
+    CUDA device is the one synchronized (``torch.cuda.set_device`` moves it).
+    """
+    if device is not None and devices.parse_device(device).type == "meta":
+        raise ValueError(
+            "the 'meta' device runs no computation, so there is nothing to time: "
+            "use 'cpu' or 'cuda'"
+        )
+    resolved = devices.resolve(device, allowed=("cuda", "mps", "cpu"), purpose="timing")
+    if device is None and resolved.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
     return resolved
 
 
@@ -158,9 +170,16 @@ def _choose_method(method: str, device: torch.device) -> str:
     if method not in _METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, _METHODS))}, got {method!r}")
     if method == "auto":
-        return "events" if device.type == "cuda" else ("sync" if device.type == "mps" else "perf_counter")
+        return (
+            "events"
+            if device.type == "cuda"
+            else ("sync" if device.type == "mps" else "perf_counter")
+        )
     if method == "events" and device.type != "cuda":
-        raise ValueError(f"method='events' needs a CUDA device (CUDA events), but the device is {device}: use 'sync' or 'auto'")
+        raise ValueError(
+            f"method='events' needs a CUDA device (CUDA events), but the device is {device}: "
+            "use 'sync' or 'auto'"
+        )
     return method
 
 
@@ -209,9 +228,10 @@ def time_it(
 ) -> Timing:
     """Time ``fn()`` (called with no arguments) and return a ``Timing`` in seconds per call.
 
-    device: the device whose queued work must finish before the clock is read. ``None`` picks
-        the current CUDA device when there is one (so GPU work is never under-counted), else
-        the CPU. A device this machine lacks raises ``DeviceUnavailableError``.
+    device: the device whose queued work must finish before the clock is read. ``None`` asks
+        ``devices.resolve`` (``TUTORIAL_DEVICE`` if set, else the current CUDA device, then MPS,
+        then the CPU), so GPU work is never under-counted. A device this machine lacks raises
+        ``DeviceUnavailableError``; ``'meta'`` (which computes nothing) a ``ValueError``.
     warmup: calls made first and not measured (context creation, caches, lazy init).
     repeat: how many samples to take; the median of these is the headline number.
     number: calls per sample. ``None`` calibrates it: doubled until one sample lasts at least
@@ -245,8 +265,14 @@ def time_it(
             number *= 2
 
     samples = tuple(_sample(fn, number, how, dev) for _ in range(repeat))
-    return Timing(name=name or _name_of(fn), samples=samples, device=dev,
-                  method=how, number=number, warmup=warmup)
+    return Timing(
+        name=name or _name_of(fn),
+        samples=samples,
+        device=dev,
+        method=how,
+        number=number,
+        warmup=warmup,
+    )
 
 
 def time_with_benchmark(
@@ -264,7 +290,11 @@ def time_with_benchmark(
     """
     if not callable(fn):
         raise TypeError(f"time_with_benchmark needs a function to call, got a {type(fn).__name__}")
-    if isinstance(min_run_time, bool) or not isinstance(min_run_time, (int, float)) or not min_run_time > 0:
+    if (
+        isinstance(min_run_time, bool)
+        or not isinstance(min_run_time, (int, float))
+        or not min_run_time > 0
+    ):
         raise ValueError(f"min_run_time must be a positive number of seconds, got {min_run_time!r}")
     from torch.utils import benchmark
 
@@ -311,7 +341,9 @@ class Comparison:
         try:
             return self._index[name]
         except KeyError:
-            raise KeyError(f"no timing named {name!r}; the names are {', '.join(self.names)}") from None
+            raise KeyError(
+                f"no timing named {name!r}; the names are {', '.join(self.names)}"
+            ) from None
 
     def ratio(self, name: str) -> float:
         return self[name].median / self[self.baseline].median
@@ -328,7 +360,9 @@ class Comparison:
                 "median": format_seconds(t.median),
                 "min": format_seconds(t.min),
                 "max": format_seconds(t.max),
-                "vs " + self.baseline: "baseline" if t.name == self.baseline else f"{self.ratio(t.name):.3g}x",
+                "vs " + self.baseline: "baseline"
+                if t.name == self.baseline
+                else f"{self.ratio(t.name):.3g}x",
             }
             if self.nbytes is not None:
                 row["bandwidth"] = t.bandwidth_str(self.nbytes)
@@ -340,24 +374,38 @@ class Comparison:
         headers = list(rows[0])
         widths = [max(len(h), *(len(r[h]) for r in rows)) for h in headers]
         line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-        body = ["  ".join(r[h].ljust(w) for h, w in zip(headers, widths, strict=True)) for r in rows]
+        body = [
+            "  ".join(r[h].ljust(w) for h, w in zip(headers, widths, strict=True)) for r in rows
+        ]
         first = self.timings[0]
-        foot = f"({first.repeat} samples each on {first.device}, {first.method}; ratio = median / baseline median)"
+        foot = (
+            f"({first.repeat} samples each on {first.device}, {first.method}; "
+            "ratio = median / baseline median)"
+        )
         return "\n".join([line, *body, foot])
 
     def _repr_html_(self) -> str:
         rows = self.rows()
         head = "".join(f"<th>{html.escape(h)}</th>" for h in rows[0])
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows
+            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>"
+            for r in rows
         )
         first = self.timings[0]
-        caption = (f"{first.repeat} samples each on {html.escape(str(first.device))} ({html.escape(first.method)}); "
-                   "ratio = median / baseline median")
-        return f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        caption = (
+            f"{first.repeat} samples each on {html.escape(str(first.device))} "
+            f"({html.escape(first.method)}); "
+            "ratio = median / baseline median"
+        )
+        return (
+            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>"
+        )
 
     def plot(self, ax: Any = None, title: str | None = None) -> Any:
-        """Horizontal bars of the median per call (ms), whiskers from min to max. Returns the axes."""
+        """Horizontal bars of the median per call (ms), whiskers from min to max.
+
+        Returns the axes."""
         import matplotlib.pyplot as plt
 
         if ax is None:
@@ -389,10 +437,14 @@ def compare(
     ``method``) go to ``time_it`` unchanged.
     """
     if not isinstance(fns, Mapping) or not fns:
-        raise TypeError("compare needs a non-empty dict of {name: function}, e.g. {'pageable': f, 'pinned': g}")
+        raise TypeError(
+            "compare needs a non-empty dict of {name: function}, e.g. {'pageable': f, 'pinned': g}"
+        )
     if "name" in time_it_kwargs:
         raise TypeError("compare takes the names from the dict keys; do not pass name=")
-    if nbytes is not None and (isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0):
+    if nbytes is not None and (
+        isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0
+    ):
         raise ValueError(f"nbytes must be a whole number of bytes, 0 or more, got {nbytes!r}")
     names = [str(k) for k in fns]
     if baseline is None:

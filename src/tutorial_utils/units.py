@@ -26,13 +26,25 @@ def parse_bytes(text: str | int | float) -> int:
         return int(text)
     s = text.strip().replace("_", "")
     number = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
-    unit = s[len(number):].strip().lower()
+    unit = s[len(number) :].strip().lower()
     factors = {
-        "": 1, "b": 1,
-        "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-        "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+        "": 1,
+        "b": 1,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "k": 2**10,
+        "m": 2**20,
+        "g": 2**30,
+        "t": 2**40,
     }
     if unit not in factors or not number:
-        raise ValueError(f"cannot read {text!r} as a size: write it like '512 MiB', '1.5 GiB' or 1048576")
+        raise ValueError(
+            f"cannot read {text!r} as a size: write it like '512 MiB', '1.5 GiB' or 1048576"
+        )
     return int(float(number) * factors[unit])

@@ -1,81 +1,300 @@
-"""Exercise checkers that say what is wrong, not only that something is.
+"""Exercise checkers that say what is wrong, not only that something is, and hint before they tell.
 
 Each notebook's checkers live in their own module (``exercises.moving``, ...). They all
-return a ``Feedback``: it renders as a short green or red report in the notebook, and
-``Feedback.assert_passed()`` raises ``ExerciseNotPassed`` so solution cells prove the
-reference answer passes (CI runs them).
+return a ``Feedback``: it shows as a short green or red report in the notebook, and
+``Feedback.assert_passed()`` raises ``ExerciseNotPassed`` listing every problem, so solution
+cells prove the reference answer passes (CI runs them).
 
-The pattern in a notebook::
+In a notebook::
 
     # exercise cell: the learner edits this
     x_on_device = ...  # TODO
-
-    check_move(x_on_device, device)          # shows "not yet: ..." until it is right
+    check_move(x_on_device, device)          # "Not yet: ..." until it is right
 
     # solution cell (after a "Solution" heading)
     x_on_device = x.to(device)
     check_move(x_on_device, device).assert_passed()
+
+Hints before fixes
+------------------
+A first wrong answer gets a hint, not the full fix. The first failed attempt of an exercise
+shows what is wrong *in general terms* (the ``brief`` of the first problem found) and the
+hints. Asking again shows every problem in detail, and the fixes: a second failed attempt of
+the same exercise in the same kernel, or ``feedback.explain()`` (``print(feedback)`` and
+``str(feedback)`` also give the whole report). ``assert_passed()`` always lists every problem.
+``reset_attempts()`` forgets the attempts (a fresh start, and test isolation).
+
+Writing a checker (every checker in this package follows this shape)::
+
+    import torch
+
+    from . import Feedback, checker
+
+    @checker                                   # counts attempts; require/run stop the check here
+    def check_double(double) -> Feedback:
+        fb = Feedback("double(x) returns 2 * x")
+        fb.hint("what does multiplying a tensor by a number do?")    # a nudge, shown at once
+        fb.fix("return x * 2")                                      # the answer, shown on asking
+        x = torch.arange(3.0)
+        out = fb.run("double(x)", double, x, returns=torch.Tensor)   # learner's code: see below
+        fb.require(out.shape == x.shape, f"the result has shape {tuple(out.shape)}, not (3,)",
+                   brief="the result has the wrong shape")
+        fb.expect(torch.equal(out, 2 * x), f"double(arange(3)) is {out.tolist()}, not [0, 2, 4]",
+                  brief="the values are wrong")
+        return fb
+
+- ``expect(condition, problem, brief=...)`` records a problem and carries on; ``require``
+  records it and stops the check (the ``@checker`` decorator returns the feedback so far).
+  ``problem`` is the detailed sentence (values, the exact call to make); ``brief`` says what
+  is wrong without giving the fix away (it defaults to ``problem``).
+- Give the hint and the fix before the first ``require``: a failed requirement stops the
+  check there, and a fix declared after it would never be shown.
+- ``run(what, fn, *args, returns=type)`` calls the learner's code once. An exception becomes
+  the problem "``what`` raised ValueError: ...", and ``returns`` rejects ``None`` (a missing
+  ``return``) and any other type, with a sentence; either way the check stops there.
+- Never trust a learner's value to compare itself: ``mock.ANY`` and an ``int`` subclass with
+  ``__eq__`` returning True equal everything, and NaN compares false both ways (``max(0.0,
+  nan)`` is 0.0). Normalise first with ``answers.whole_number``, ``finite_number`` or
+  ``tensor_number`` (``None`` means "not one"; ``number_problem`` says why in a sentence, and
+  ``describe`` shows any value safely); compare tensors with ``torch.equal`` or ``allclose``
+  after checking shape, dtype and device (``answers.same_device``). Run the learner's code on
+  ``answers.META`` too: a tensor made on the CPU by mistake then shows on a machine without GPU.
+- Bad arguments from the notebook (a model with nothing to train, ``world=0``, a device this
+  machine lacks) raise ``ValueError`` (or ``DeviceUnavailableError``) with one sentence: that is
+  the notebook's bug, not the learner's. ``answers.checker_device`` checks a device argument.
+- Give each checker a property test in ``tests/test_exercises_properties.py``: random wrong
+  answers (None, NaN, wrong shapes, devices and dtypes, objects equal to everything) never pass.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-__all__ = ["ExerciseNotPassed", "Feedback"]
+__all__ = ["ExerciseNotPassed", "Feedback", "checker", "reset_attempts"]
+
+F = TypeVar("F", bound=Callable[..., "Feedback"])
+
+_ASK_AGAIN = "Run the check again, or call .explain(), to see every problem in detail."
 
 
 class ExerciseNotPassed(AssertionError):
     """Raised by ``Feedback.assert_passed()``; the message lists every problem found."""
 
 
+class _Stop(Exception):
+    """Raised by ``Feedback.require``/``run`` to end a check early; ``@checker`` catches it."""
+
+    def __init__(self, feedback: Feedback):
+        super().__init__(
+            "Feedback.require() and Feedback.run() stop a check: decorate the checker with "
+            "@exercises.checker"
+        )
+        self.feedback = feedback
+
+
+def _describe(value: object) -> str:
+    """A short, safe description of a learner's value (its repr may raise or be huge)."""
+    try:
+        text = repr(value)
+    except Exception:  # a learner's object: its __repr__ is theirs
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "a tensor", "an int"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 @dataclass
 class Feedback:
-    """The result of checking one exercise.
+    """The result of checking one exercise; see the module docstring for how to build one.
 
-    Build it with ``Feedback(title)``, call ``expect(condition, message)`` for each
-    requirement (the message says what is wrong and how to fix it), and return it.
+    ``problems`` holds the detailed sentences, ``briefs`` the same problems in general terms,
+    ``hints`` the nudges and ``fixes`` the answers. ``detailed`` is True once the learner asked
+    again (a second failed attempt, or ``explain()``): then the notebook shows everything.
     """
 
     title: str
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
+    briefs: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+    detailed: bool = False
+    attempt: int = 0  # failed attempts of this exercise so far, this one included (0: not counted)
 
-    def expect(self, condition: bool, problem: str) -> bool:
-        if not condition:
+    # --- building ---------------------------------------------------------------------------
+
+    def expect(self, condition: object, problem: str, *, brief: str | None = None) -> bool:
+        """Record ``problem`` unless ``condition`` holds; return whether it held."""
+        ok = bool(condition)
+        if not ok:
             self.problems.append(problem)
-        return bool(condition)
+            self.briefs.append(problem if brief is None else brief)
+        return ok
+
+    def require(self, condition: object, problem: str, *, brief: str | None = None) -> None:
+        """Like ``expect``, but a failed requirement ends the check (inside ``@checker``)."""
+        if not self.expect(condition, problem, brief=brief):
+            raise _Stop(self)
+
+    def fail(self, problem: str, *, brief: str | None = None) -> None:
+        """Record ``problem`` and end the check (inside ``@checker``)."""
+        self.require(False, problem, brief=brief)
+
+    def run(
+        self,
+        what: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        returns: type | tuple[type, ...] | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Call the learner's ``fn(*args, **kwargs)``; any exception it raises becomes a problem.
+
+        ``returns``: the type(s) the result must have (``object``: anything but ``None``);
+        ``None`` and any other type is a problem.
+        A problem ends the check (inside ``@checker``); otherwise the result is returned.
+        Exceptions in ``passthrough`` (say ``torch.OutOfMemoryError`` under a budget) propagate.
+        """
+        if not callable(fn):
+            self.fail(
+                f"pass a function: {_describe(fn)} is {_a(type(fn).__name__)}",
+                brief="the answer must be a function",
+            )
+        try:
+            result = fn(*args, **kwargs)
+        except passthrough:
+            raise
+        except Exception as exc:  # the learner's code: report anything it raises, in one line
+            self.fail(f"{what} raised {type(exc).__name__}: {exc}")
+        if returns is not None and (result is None or not isinstance(result, returns)):
+            if result is None:
+                self.fail(
+                    f"{what} returned None: is the `return` statement missing?",
+                    brief=f"{what} returned nothing",
+                )
+            names = " or ".join(
+                _a(t.__name__) for t in (returns if isinstance(returns, tuple) else (returns,))
+            )
+            self.fail(
+                f"{what} returned {_describe(result)} ({_a(type(result).__name__)}); "
+                f"expected {names}",
+                brief=f"{what} returned the wrong kind of value",
+            )
+        return result
 
     def hint(self, text: str) -> None:
-        self.hints.append(text)
+        """A nudge towards the answer: shown from the first failed attempt."""
+        if text not in self.hints:
+            self.hints.append(text)
+
+    def fix(self, text: str) -> None:
+        """The answer itself: shown only when the learner asks again."""
+        if text not in self.fixes:
+            self.fixes.append(text)
+
+    # --- reading ----------------------------------------------------------------------------
 
     @property
     def passed(self) -> bool:
         return not self.problems
 
-    def assert_passed(self) -> Feedback:
-        if not self.passed:
-            raise ExerciseNotPassed(str(self))
-        return self
-
     def __bool__(self) -> bool:
         return self.passed
 
-    def __str__(self) -> str:
+    def explain(self) -> Feedback:
+        """Show every problem in detail, with the fixes; returns the feedback for display."""
+        self.detailed = True
+        return self
+
+    def assert_passed(self) -> Feedback:
+        """Raise ``ExerciseNotPassed`` listing every problem (solution cells call this)."""
+        if not self.passed:
+            raise ExerciseNotPassed(self.report())
+        return self
+
+    def report(self) -> str:
+        """The whole report: every problem in detail, the hints and the fixes."""
+        return self._text(detailed=True)
+
+    def _text(self, detailed: bool) -> str:
         if self.passed:
             return f"Passed: {self.title}."
-        lines = [f"Not yet: {self.title}."] + [f"  - {p}" for p in self.problems]
-        lines += [f"  Hint: {h}" for h in self.hints]
+        lines = [f"Not yet: {self.title}."]
+        if detailed:
+            lines += [f"  - {p}" for p in self.problems]
+            lines += [f"  Hint: {h}" for h in self.hints]
+            lines += [f"  Fix: {f}" for f in self.fixes]
+        else:
+            more = len(self.problems) - 1
+            extra = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+            lines.append(f"  - {self.briefs[0]}{extra}")
+            lines += [f"  Hint: {h}" for h in self.hints]
+            lines.append(f"  {_ASK_AGAIN}")
         return "\n".join(lines)
 
-    __repr__ = __str__
+    def __str__(self) -> str:
+        return self.report()
+
+    def __repr__(self) -> str:
+        return self._text(self.detailed)
 
     def _repr_html_(self) -> str:
+        title = html.escape(self.title)
         if self.passed:
-            return f"<div style='color:#1a7f37'><b>&#10004; Passed:</b> {html.escape(self.title)}.</div>"
-        items = "".join(f"<li>{html.escape(p)}</li>" for p in self.problems)
-        hints = "".join(f"<div><i>Hint:</i> {html.escape(h)}</div>" for h in self.hints)
+            return f"<div style='color:#1a7f37'><b>&#10004; Passed:</b> {title}.</div>"
+        if self.detailed:
+            items = self.problems
+            extra = [f"<div><i>Hint:</i> {html.escape(h)}</div>" for h in self.hints]
+            extra += [f"<div><i>Fix:</i> <pre>{html.escape(f)}</pre></div>" for f in self.fixes]
+        else:
+            more = len(self.problems) - 1
+            items = [self.briefs[0] + (f" (and {more} more)" if more else "")]
+            extra = [f"<div><i>Hint:</i> {html.escape(h)}</div>" for h in self.hints]
+            extra.append(f"<div><i>{html.escape(_ASK_AGAIN)}</i></div>")
+        lis = "".join(f"<li>{html.escape(p)}</li>" for p in items)
         return (
-            f"<div style='color:#cf222e'><b>&#10008; Not yet:</b> {html.escape(self.title)}.</div>"
-            f"<ul>{items}</ul>{hints}"
+            f"<div style='color:#cf222e'><b>&#10008; Not yet:</b> {title}.</div>"
+            f"<ul>{lis}</ul>" + "".join(extra)
         )
+
+
+# -----------------------------------------------------------------------------
+# Attempts: the first failure hints, the next ones explain
+
+_failures: Counter[str] = Counter()
+
+
+def reset_attempts() -> None:
+    """Forget every failed attempt: the next wrong answer of each exercise gets a hint again."""
+    _failures.clear()
+
+
+def checker(fn: F) -> F:
+    """Decorate a checker: ``require``/``run`` may end it early, and attempts are counted.
+
+    The first failed attempt of an exercise (one checker) in this kernel shows the general
+    problem and the hints; from the second on, the feedback is ``detailed``.
+    """
+    key = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Feedback:
+        try:
+            fb = fn(*args, **kwargs)
+        except _Stop as stop:
+            fb = stop.feedback
+        if not fb.passed:
+            _failures[key] += 1
+            fb.attempt = _failures[key]
+            fb.detailed = fb.detailed or fb.attempt > 1
+        return fb
+
+    return wrapper  # type: ignore[return-value]

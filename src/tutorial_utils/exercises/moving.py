@@ -14,20 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import Feedback
+from . import Feedback, checker
+from .answers import META, checker_device, describe, same_device, tensor_number
 
-__all__ = ["check_move_batch", "check_setup_training"]
-
-META = torch.device("meta")
-
-
-def _same_device(t: torch.Tensor, device: torch.device) -> bool:
-    """``cuda`` and ``cuda:0`` are the same place when the current device is 0; compare types and indices."""
-    if t.device.type != device.type:
-        return False
-    return device.index is None or t.device.index in (None, device.index)
+__all__ = ["check_accuracy_on_device", "check_move_batch", "check_setup_training"]
 
 
+@checker
 def check_setup_training(
     setup: Callable[[torch.device], tuple[nn.Module, torch.optim.Optimizer]],
     device: torch.device | str = "cpu",
@@ -37,91 +30,242 @@ def check_setup_training(
     The optimizer must hold the very ``Parameter`` objects the model has after the move,
     which is only guaranteed when it is built after ``model.to(device)``.
     """
-    fb = Feedback("setup(device) returns a model on the device and an optimizer over its parameters")
-    targets = [torch.device(device)]
-    if targets[0] != META:
-        targets.append(META)  # the move that replaces Parameter objects
+    device = checker_device(device, "check_setup_training")
+    fb = Feedback(
+        "setup(device) returns a model on the device and an optimizer over its parameters"
+    )
+    fb.hint(
+        "which tensors does the optimizer hold, and are they still the model's parameters "
+        "once the model has moved?"
+    )
+    fb.fix("model = ...; model.to(device); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
+    targets = [device] + ([META] if device != META else [])  # the move that replaces Parameters
     for target in targets:
-        try:
-            result = setup(target)
-        except Exception as exc:  # the learner's code: report anything it raises
-            fb.expect(False, f"setup({str(target)!r}) raised {type(exc).__name__}: {exc}")
-            return fb
-        if not fb.expect(
-            isinstance(result, tuple) and len(result) == 2,
-            f"setup must return a tuple (model, optimizer), got {type(result).__name__}",
-        ):
-            return fb
+        result = fb.run(f"setup({str(target)!r})", setup, target, returns=tuple)
+        fb.require(
+            len(result) == 2,
+            f"setup must return a tuple (model, optimizer), got a tuple of {len(result)}",
+            brief="setup returns the wrong number of things",
+        )
         model, optimizer = result
-        if not fb.expect(isinstance(model, nn.Module), f"the first item must be an nn.Module, got {type(model).__name__}"):
-            return fb
-        if not fb.expect(
+        fb.require(
+            isinstance(model, nn.Module),
+            f"the first item must be an nn.Module, got {type(model).__name__}",
+            brief="the first item is not a model",
+        )
+        fb.require(
             isinstance(optimizer, torch.optim.Optimizer),
             f"the second item must be a torch.optim optimizer, got {type(optimizer).__name__}",
-        ):
-            return fb
+            brief="the second item is not an optimizer",
+        )
         params = list(model.parameters())
-        if not fb.expect(bool(params), "the model has no parameters to train"):
-            return fb
-        off = [name for name, p in model.named_parameters() if not _same_device(p, target)]
-        fb.expect(not off, f"with device={str(target)!r}, these parameters are elsewhere: {', '.join(off)}")
+        fb.require(bool(params), "the model has no parameters to train")
+        off = [name for name, p in model.named_parameters() if not same_device(p, target)]
+        fb.expect(
+            not off,
+            f"with device={str(target)!r}, these parameters are elsewhere: {', '.join(off)}",
+            brief="the model's parameters are not on the device",
+        )
         model_ids = {id(p) for p in params}
         held = [p for group in optimizer.param_groups for p in group["params"]]
         stale = [p for p in held if id(p) not in model_ids]
         fb.expect(
             not stale,
-            f"with device={str(target)!r}, the optimizer holds {len(stale)} tensor(s) that are not the "
-            "model's parameters any more: build the optimizer after model.to(device)",
+            f"with device={str(target)!r}, the optimizer holds {len(stale)} tensor(s) that are "
+            "not the model's parameters any more: build the optimizer after model.to(device)",
+            brief="the optimizer does not hold the model's parameters after the move",
         )
         missing = model_ids - {id(p) for p in held}
-        fb.expect(not missing, f"the optimizer does not train {len(missing)} of the model's parameters")
+        fb.expect(
+            not missing,
+            f"the optimizer does not train {len(missing)} of the model's parameters",
+            brief="the optimizer misses some of the model's parameters",
+        )
         if fb.problems:
             break
-    if not fb.passed:
-        fb.hint("model = ...; model.to(device); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
     return fb
 
 
-def check_move_batch(move: Callable[[Any, torch.device], Any], device: torch.device | str = "cpu") -> Feedback:
+def _compare(fb: Feedback, got: Any, want: Any, where: str, target: torch.device) -> None:
+    """Record every way ``got`` differs from ``want`` moved to ``target``."""
+    if isinstance(want, torch.Tensor):
+        if not fb.expect(
+            isinstance(got, torch.Tensor),
+            f"{where} is not a tensor any more ({describe(got)})",
+            brief="some tensors were replaced by something else",
+        ):
+            return
+        fb.expect(
+            same_device(got, target),
+            f"{where} is on {got.device}, not {target}",
+            brief="some tensors are not on the device",
+        )
+        fb.expect(
+            got.dtype == want.dtype,
+            f"{where} changed dtype from {want.dtype} to {got.dtype}; pass only the device",
+            brief="some tensors changed dtype",
+        )
+        if not fb.expect(
+            got.shape == want.shape,
+            f"{where} changed shape from {tuple(want.shape)} to {tuple(got.shape)}",
+            brief="some tensors changed shape",
+        ):
+            return
+        if target.type != "meta" and got.device.type != "meta" and got.dtype == want.dtype:
+            fb.expect(
+                bool(torch.equal(got.cpu(), want)),
+                f"{where} changed its values",
+                brief="some tensors changed their values",
+            )
+        return
+    if isinstance(want, dict):
+        if not fb.expect(
+            type(got) is dict,
+            f"a dict must come back as a dict, got {type(got).__name__} at {where}",
+            brief="a container changed its type",
+        ):
+            return
+        keys = list(got)
+        if not fb.expect(
+            all(type(k) is str for k in keys) and set(keys) == set(want),
+            f"the keys of {where} changed: {describe(keys)} instead of {sorted(want)}",
+            brief="the keys of a dict changed",
+        ):
+            return
+        for key, value in want.items():
+            _compare(fb, got[key], value, f"{where}[{key!r}]", target)
+        return
+    if isinstance(want, (list, tuple)):
+        kind = type(want).__name__
+        if not fb.expect(
+            type(got) is type(want) and len(got) == len(want),
+            f"a {kind} must come back as a {kind} of the same length, got "
+            f"{describe(got)} at {where}",
+            brief="a container changed its type or length",
+        ):
+            return
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _compare(fb, g, w, f"{where}[{i}]", target)
+        return
+    fb.expect(
+        type(got) is type(want) and got == want,
+        f"non-tensor values (a string, an int) must be returned unchanged: {where} is "
+        f"{describe(got)}, not {want!r}",
+        brief="non-tensor values changed",
+    )
+
+
+@checker
+def check_move_batch(
+    move: Callable[[Any, torch.device], Any], device: torch.device | str = "cpu"
+) -> Feedback:
     """Exercise 2: ``move(batch, device)`` moves every tensor in nested dicts, lists and tuples.
 
     Containers keep their type, non-tensor values are returned unchanged, and every tensor
-    lands on ``device`` with its dtype and values kept.
+    lands on ``device`` with its dtype, shape and values kept.
     """
+    device = checker_device(device, "check_move_batch")
     fb = Feedback("move(batch, device) moves every tensor inside dicts, lists and tuples")
+    fb.hint("a batch is a tree: handle a tensor, a dict, a list or tuple, and anything else")
+    fb.fix(
+        "recurse: tensors -> t.to(device); dict -> {k: move(v, device)}; "
+        "list/tuple -> type(b)(move(v, device) for v in b); else return b"
+    )
     ints = torch.arange(6).reshape(2, 3)
     floats = torch.linspace(0, 1, 5, dtype=torch.float64)
     batch = {"x": ints, "pair": (floats, "label"), "items": [ints[0], {"deep": floats}, 7]}
-    for target in (torch.device(device), META):
-        try:
-            out = move(batch, target)
-        except Exception as exc:
-            fb.expect(False, f"move(batch, {str(target)!r}) raised {type(exc).__name__}: {exc}")
-            return fb
-        if not fb.expect(isinstance(out, dict), f"a dict must come back as a dict, got {type(out).__name__}"):
-            return fb
-        if not fb.expect(set(out) == set(batch), f"the keys changed: {sorted(out)} instead of {sorted(batch)}"):
-            return fb
-        pair, items = out["pair"], out["items"]
-        fb.expect(isinstance(pair, tuple) and len(pair) == 2, "a tuple must come back as a tuple of the same length")
-        fb.expect(isinstance(items, list) and len(items) == 3, "a list must come back as a list of the same length")
-        if fb.problems:
-            return fb
-        fb.expect(pair[1] == "label" and items[2] == 7, "non-tensor values (a string, an int) must be returned unchanged")
-        fb.expect(isinstance(items[1], dict) and "deep" in items[1], "a dict inside a list must come back as a dict")
-        if fb.problems:
-            return fb
-        tensors = {"x": (out["x"], ints), "pair[0]": (pair[0], floats), "items[0]": (items[0], ints[0]),
-                   "items[1]['deep']": (items[1]["deep"], floats)}
-        for where, (got, want) in tensors.items():
-            if not fb.expect(isinstance(got, torch.Tensor), f"{where} is not a tensor any more"):
-                continue
-            fb.expect(_same_device(got, target), f"{where} is on {got.device}, not {target}")
-            fb.expect(got.dtype == want.dtype, f"{where} changed dtype from {want.dtype} to {got.dtype}; pass only the device")
-            if target.type != "meta" and got.dtype == want.dtype and got.shape == want.shape:
-                fb.expect(bool(torch.equal(got.cpu(), want)), f"{where} changed its values")
+    for target in dict.fromkeys([device, META]):
+        out = fb.run(f"move(batch, {str(target)!r})", move, batch, target, returns=object)
+        fb.require(
+            type(out) is dict,
+            f"a dict must come back as a dict, got {type(out).__name__}",
+            brief="the batch came back as another kind of container",
+        )
+        fb.require(
+            all(type(k) is str for k in out) and set(out) == set(batch),
+            f"the keys changed: {describe(list(out))} instead of {sorted(batch)}",
+            brief="the keys of the dict changed",
+        )
+        for key, value in batch.items():  # the top level is named by its keys: x, pair, items
+            _compare(fb, out[key], value, key, target)
         if fb.problems:
             break
-    if not fb.passed:
-        fb.hint("recurse: tensors -> t.to(device); dict -> {k: move(v, device)}; list/tuple -> type(b)(move(v, device) for v in b); else return b")
+    return fb
+
+
+# -----------------------------------------------------------------------------
+# Exercise 3: debug an evaluation loop that only works on the CPU
+
+
+def _accuracy_setup() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A seeded classifier (on the CPU: the function under test moves it) and CPU batches."""
+    gen = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    batches = [
+        (torch.randn(n, 6, generator=gen), torch.randint(0, 3, (n,), generator=gen))
+        for n in (8, 8, 5)  # a short last batch, as a DataLoader yields
+    ]
+    return model, batches
+
+
+@checker
+def check_accuracy_on_device(
+    accuracy: Callable[[nn.Module, list, torch.device], Any],
+    device: torch.device | str = "cpu",
+) -> Feedback:
+    """Exercise 3: ``accuracy(model, batches, device)`` returns a 0-dim tensor on ``device``.
+
+    The value is checked on ``device`` against a reference; ``'meta'`` (where a tensor left on the
+    CPU raises, or stays behind, as on a GPU) checks that every tensor follows the device.
+    """
+    device = checker_device(device, "check_accuracy_on_device")
+    fb = Feedback("accuracy(model, batches, device) runs on the device and returns a tensor there")
+    fb.hint("on the device, every tensor the loop uses or makes must be there too")
+    fb.fix(
+        "x, y = x.to(device), y.to(device)  (keep what .to() returns), and "
+        "correct = torch.zeros((), device=device)"
+    )
+    model, batches = _accuracy_setup()
+    with torch.no_grad():
+        hits = sum(int((model(x).argmax(dim=1) == y).sum()) for x, y in batches)
+    expected = hits / sum(len(y) for _, y in batches)
+    for where in dict.fromkeys([device, META]):
+        model, batches = _accuracy_setup()
+        with torch.no_grad():
+            out = fb.run(
+                f"accuracy(model, batches, {str(where)!r})", accuracy, model, batches, where
+            )
+        fb.require(
+            isinstance(out, torch.Tensor),
+            f"it returned {describe(out)}; return a 0-dim tensor on the device (an .item() per "
+            "batch makes a GPU wait at every batch)",
+            brief="it does not return a tensor",
+        )
+        fb.require(
+            same_device(out, where),
+            f"with device={str(where)!r} the result is on {out.device}: a tensor in the loop was "
+            "created on the CPU and stayed there",
+            brief="the result is not on the device",
+        )
+        fb.require(
+            out.dim() == 0,
+            f"the result has shape {tuple(out.shape)}, not () (0-dim)",
+            brief="the result is not a single number",
+        )
+        fb.require(
+            out.is_floating_point(),
+            f"the result is {out.dtype}: divide to get a share",
+            brief="the result is not a share",
+        )
+        if where.type != "meta":
+            value = tensor_number(out)
+            fb.require(
+                value is not None and abs(value - expected) < 1e-6,
+                f"the accuracy is {describe(value)}; the right value is {expected:.4f} (over "
+                "every sample of every batch, the short last one included)",
+                brief="the value is wrong",
+            )
     return fb

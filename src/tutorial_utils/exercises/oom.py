@@ -21,48 +21,94 @@ import torch
 from torch import nn
 
 from .. import memory
-from . import Feedback
+from . import Feedback, checker
+from .answers import (
+    checker_device,
+    describe,
+    finite_number,
+    number_problem,
+    tensor_number,
+    whole_number,
+)
 
-__all__ = ["check_evaluate", "check_training_state_bytes", "training_state_bytes"]
+__all__ = [
+    "check_evaluate",
+    "check_largest_batch",
+    "check_training_state_bytes",
+    "training_state_bytes",
+]
 
 
 def training_state_bytes(model: nn.Module) -> int:
-    """Bytes of parameters + gradients + Adam's ``exp_avg`` and ``exp_avg_sq``, in the parameters' dtype."""
+    """Bytes of parameters, gradients, Adam's ``exp_avg`` and ``exp_avg_sq`` (parameters' dtype)."""
     return sum(4 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
+@checker
 def check_training_state_bytes(model: nn.Module, answer: int | float) -> Feedback:
     """Is ``answer`` the bytes of parameters + gradients + Adam state of ``model``?"""
-    fb = Feedback("bytes of parameters, gradients and Adam state")
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer <= 0:
-        fb.expect(False, f"give a positive number of bytes, got {answer!r}")
-        return fb
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"check_training_state_bytes: model must be an nn.Module, not {type(model).__name__}"
+        )
     truth = training_state_bytes(model)
-    per_weight = {1: "only the parameters", 2: "parameters and gradients but not Adam's state",
-                  3: "Adam's state as 1x the parameters (it keeps two tensors: exp_avg and exp_avg_sq)"}
-    n_weights = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if math.isclose(answer, truth, rel_tol=1e-9):
+    if truth == 0:
+        raise ValueError(
+            "check_training_state_bytes: the model has no parameter that requires grad "
+            "(frozen?), so there is nothing to train"
+        )
+    fb = Feedback("bytes of parameters, gradients and Adam state")
+    fb.hint("count what a training step with Adam keeps for every weight, and its size in bytes")
+    fb.fix(
+        "sum(p.numel() for p in model.parameters()) weights; each is stored 4 times (weight, "
+        "gradient, exp_avg, exp_avg_sq) at 4 bytes in fp32"
+    )
+    value = finite_number(answer)
+    fb.require(
+        value is not None and value > 0,
+        f"give a positive number of bytes, got {describe(answer)}",
+        brief="the answer is not a positive number of bytes",
+    )
+    if math.isclose(value, truth, rel_tol=1e-9):
         return fb
+    per_weight = {
+        1: "only the parameters",
+        2: "parameters and gradients but not Adam's state",
+        3: "Adam's state as 1x the parameters (it keeps two tensors: exp_avg and exp_avg_sq)",
+    }
     for k, what in per_weight.items():
-        if math.isclose(answer, k * truth / 4, rel_tol=1e-9):
-            fb.expect(False, f"{answer:,} bytes counts {what}; the answer is 4 copies of the parameters")
-            return fb
-    if math.isclose(answer, n_weights, rel_tol=1e-9):
-        fb.expect(False, "that is the number of weights, not bytes: each weight is stored 4 times "
-                         "(weight, gradient, exp_avg, exp_avg_sq) at 4 bytes each in fp32")
-        return fb
-    fb.expect(False, f"{answer:,} bytes is not right (you are off by a factor of {answer / truth:.3g})")
-    fb.hint("sum(p.numel() for p in model.parameters()) weights; each is stored 4 times (weight, "
-            "gradient, exp_avg, exp_avg_sq) at 4 bytes in fp32")
+        if math.isclose(value, k * truth / 4, rel_tol=1e-9):
+            fb.fail(
+                f"{value:,.0f} bytes counts {what}; the answer is 4 copies of the parameters",
+                brief="part of the training state is missing",
+            )
+    n_weights = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if math.isclose(value, n_weights, rel_tol=1e-9):
+        fb.fail(
+            "that is the number of weights, not bytes: each weight is stored 4 times "
+            "(weight, gradient, exp_avg, exp_avg_sq) at 4 bytes each in fp32",
+            brief="that counts weights, not bytes",
+        )
+    fb.expect(
+        False,
+        f"{value:,.0f} bytes is not right (you are off by a factor of {value / truth:.3g})",
+        brief="the number is wrong",
+    )
     return fb
 
 
 def _eval_setup(device: torch.device) -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 5)).to(device)
+    with torch.random.fork_rng(devices=[]):  # seed the model without touching the learner's RNG
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 5)
+        ).to(device)
     gen = torch.Generator().manual_seed(1)
     batches = [
-        (torch.randn(128, 64, generator=gen).to(device), torch.randint(0, 5, (128,), generator=gen).to(device))
+        (
+            torch.randn(128, 64, generator=gen).to(device),
+            torch.randint(0, 5, (128,), generator=gen).to(device),
+        )
         for _ in range(4)
     ]
     return model, batches
@@ -70,40 +116,174 @@ def _eval_setup(device: torch.device) -> tuple[nn.Module, list[tuple[torch.Tenso
 
 def _reference_mean_loss(model: nn.Module, batches) -> float:
     with torch.no_grad():
-        return sum(nn.functional.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
+        return sum(nn.functional.cross_entropy(model(x), y).item() for x, y in batches) / len(
+            batches
+        )
 
 
+@checker
 def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
-    """Run ``evaluate(model, batches)`` under ``memory.measure`` and check value, type and memory left."""
+    """Run ``evaluate(model, batches)`` under ``memory.measure``: check value, type, memory left."""
+    device = checker_device(device, "check_evaluate", allowed=("cuda", "cpu"))
     fb = Feedback("an evaluation loop that keeps no memory")
-    device = torch.device(device)
+    fb.hint("what does a loss tensor keep alive while you add it up, and does evaluation need it?")
+    fb.fix("with torch.no_grad(): total += loss.item()  ... return total / len(batches)")
     model, batches = _eval_setup(device)
     expected = _reference_mean_loss(model, batches)
-    try:
-        with memory.measure(device) as m:
-            result = evaluate(model, batches)
-        kept_while_alive = m.delta_bytes
-    except Exception as exc:  # the learner's code: report it, do not show a deep traceback
-        fb.expect(False, f"evaluate raised {type(exc).__name__}: {exc}")
-        return fb
+    with memory.measure(device) as m:
+        result = fb.run("evaluate(model, batches)", evaluate, model, batches)
+    kept_while_alive = m.delta_bytes
     if isinstance(result, torch.Tensor):
         if result.requires_grad:
-            fb.expect(False, "evaluate returns a tensor that still holds the autograd graph of every batch "
-                             f"({kept_while_alive:,} bytes kept alive): accumulate loss.item() or use torch.no_grad()")
+            fb.expect(
+                False,
+                "evaluate returns a tensor that still holds the autograd graph of every batch "
+                f"({kept_while_alive:,} bytes kept alive): accumulate loss.item() or use "
+                "torch.no_grad()",
+                brief="evaluate returns a tensor that keeps the graph of every batch alive",
+            )
         else:
-            fb.expect(False, "evaluate returns a tensor; return a Python float (call .item() once at the end, or per batch)")
-        value = float(result.detach())
-    elif isinstance(result, (int, float)) and not isinstance(result, bool):
-        value = float(result)
+            fb.expect(
+                False,
+                "evaluate returns a tensor; return a Python float (call .item() once at the "
+                "end, or per batch)",
+                brief="evaluate returns a tensor, not a number",
+            )
+        value = tensor_number(result)
     else:
-        fb.expect(False, f"evaluate should return the mean loss as a float, not {type(result).__name__}")
-        return fb
-    fb.expect(math.isclose(value, expected, rel_tol=1e-4),
-              f"the mean loss should be {expected:.4f}, got {value:.4f}: average cross_entropy over the batches")
+        value = finite_number(result)
+        fb.require(
+            value is not None,
+            number_problem("evaluate", result) + ": the mean loss as a float",
+            brief="evaluate does not return the mean loss as a number",
+        )
+    got = "no single number" if value is None else f"{value:.4f}"
+    fb.expect(
+        value is not None and math.isclose(value, expected, rel_tol=1e-4),
+        f"the mean loss should be {expected:.4f}, got {got}: average cross_entropy over the "
+        "batches",
+        brief="the mean loss is not right",
+    )
     del result
     if fb.passed:
-        fb.expect(kept_while_alive == 0,
-                  f"{kept_while_alive:,} bytes of tensors were still alive after evaluate returned")
-    if not fb.passed:
-        fb.hint("with torch.no_grad(): total += loss.item()  ... return total / len(batches)")
+        fb.expect(
+            kept_while_alive == 0,
+            f"{kept_while_alive:,} bytes of tensors were still alive after evaluate returned",
+            brief="evaluate leaves tensors behind",
+        )
+    return fb
+
+
+# -----------------------------------------------------------------------------
+# Exercise 3: debug a retry that holds the failed attempt's memory
+
+
+def _retry_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+
+
+@checker
+def check_largest_batch(
+    largest_fitting_batch: Callable[[Callable[[int], None], int], Any],
+    fits: int = 64,
+    start: int = 1024,
+) -> Feedback:
+    """``largest_fitting_batch(try_step, start)`` halves the batch until ``try_step`` fits.
+
+    ``try_step(n)`` runs one training step at batch ``n`` under a CPU ``memory.budget`` set
+    halfway between the peaks of batch ``fits`` and ``2 * fits`` (measured here, exactly), so
+    ``fits`` is the right answer when nothing else is alive. A retry made inside the ``except``
+    block still holds the failed attempt (its traceback keeps every frame and tensor), so it
+    fails at sizes that fit, and gives up too early or raises.
+    """
+    for name, value in (("fits", fits), ("start", start)):
+        if whole_number(value) is None or value < 1 or value & (value - 1):
+            raise ValueError(f"check_largest_batch: {name} is a power of two, not {value!r}")
+    if start <= fits:
+        raise ValueError(f"check_largest_batch: start ({start}) must be above fits ({fits})")
+    fb = Feedback("largest_fitting_batch finds the largest batch that fits under the budget")
+    fb.hint("what does an exception keep alive while you are still inside its except block?")
+    fb.fix(
+        "catch the error without retrying inside the except block: set a flag there (or just "
+        "let the block end), then halve the batch and try again after it"
+    )
+    if not callable(largest_fitting_batch):
+        fb.fail(
+            f"pass a function: {describe(largest_fitting_batch)} is not one",
+            brief="the answer must be a function",
+        )
+    model = _retry_model()
+
+    def step(n: int) -> None:
+        model.zero_grad(set_to_none=True)
+        x = torch.randn(n, 64)
+        y = torch.zeros(n, dtype=torch.long)
+        nn.functional.cross_entropy(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+
+    step(1)  # anything created once (lazy state) exists before the peaks are measured
+    peaks = []
+    for n in (fits, 2 * fits):
+        with memory.measure("cpu") as m:
+            step(n)
+        peaks.append(m.peak_above_start_bytes)
+    tried: list[int] = []
+    tracker = memory.Tracker("cpu").start()
+    limit = tracker.current_bytes + (peaks[0] + peaks[1]) // 2
+
+    def try_step(n: int) -> None:
+        if whole_number(n) is None or n < 1:
+            raise ValueError(f"a batch size is a whole number of 1 or more, not {describe(n)}")
+        if len(tried) >= 32:
+            raise RuntimeError(f"try_step was called {len(tried)} times: does the loop stop?")
+        tried.append(int(n))
+        with memory.budget(limit, "cpu"):
+            step(int(n))
+
+    got: Any = None
+    raised = ""
+    try:
+        got = largest_fitting_batch(try_step, start)
+    except torch.OutOfMemoryError:
+        raised = "OutOfMemoryError"
+    except Exception as exc:  # the learner's code: one sentence, not a deep traceback
+        raised = f"{type(exc).__name__}: {exc}"
+    left = tracker.current_bytes - tracker.start_bytes  # after the exception (if any) is gone
+    tracker.stop()
+    model.zero_grad(set_to_none=True)
+    sizes = ", ".join(str(n) for n in tried) or "none"
+    if fits in tried and (raised or got != fits):
+        outcome = f"raised {raised.split(':')[0]}" if raised else f"returned {describe(got)}"
+        fb.fail(
+            f"it tried batch sizes {sizes} and {outcome}, though a batch of {fits} fits on its "
+            "own: when it tried that size, earlier failed attempts were still holding memory",
+            brief=f"it gives up below {fits}, a batch that fits on its own",
+        )
+    fb.require(
+        not raised,
+        f"it raised {raised} (batch sizes tried: {sizes})",
+        brief="it raised an error",
+    )
+    value = whole_number(got)
+    fb.require(
+        value is not None,
+        f"it should return the batch size as an int, not {describe(got)}",
+        brief="it does not return a batch size",
+    )
+    halving = [start >> i for i in range((start // fits).bit_length())]  # start, start/2, .. fits
+    fb.require(
+        value == fits and tried == halving,
+        f"it returned {value} after trying {sizes}; halve from {start} until an attempt "
+        "succeeds, and return that attempt's batch size",
+        brief="it does not halve the batch until an attempt succeeds",
+    )
+    fb.require(
+        left == 0,
+        f"{left:,} bytes of tensors were still alive after it returned: the failed attempts "
+        "were not released",
+        brief="it leaves memory behind",
+    )
     return fb

@@ -2,7 +2,7 @@
 
 * ``check_ddp_script``: runs the learner's DDP script for real (2 processes, ``launch``) and
   compares what it reports with single-process training the notebook computed.
-* ``check_sampler_padding``: what ``DistributedSampler`` does when the dataset does not split evenly.
+* ``check_sampler_padding``: what ``DistributedSampler`` does when the data does not split evenly.
 * ``check_bubble``: the learner's formula for the idle fraction of a GPipe pipeline.
 * ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients.
 """
@@ -10,131 +10,259 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torch.utils.data import DistributedSampler
 
 from ..distributed import LaunchError, launch
-from . import Feedback
+from . import Feedback, checker
+from .answers import describe, finite_number, number_problem, whole_number
 
 __all__ = ["check_bubble", "check_ddp_script", "check_microbatch_step", "check_sampler_padding"]
 
 
-def check_ddp_script(script: str | os.PathLike, reference_params: Sequence[float] | torch.Tensor,
-                     nproc: int = 2, timeout: float = 180.0, atol: float = 1e-5) -> Feedback:
+def _positive_int(value: object, name: str, purpose: str) -> int:
+    number = whole_number(value)
+    if number is None or number < 1:
+        raise ValueError(f"{purpose}: {name} must be a whole number of at least 1, not {value!r}")
+    return number
+
+
+def _tolerance(value: object, purpose: str) -> float:
+    number = finite_number(value)
+    if number is None or number < 0:
+        raise ValueError(f"{purpose}: atol must be a finite number >= 0, not {value!r}")
+    return number
+
+
+def _flat_floats(values: object) -> torch.Tensor | None:
+    """A report's list of numbers as a flat float32 tensor, or None when it is not one."""
+    try:
+        flat = torch.as_tensor(values, dtype=torch.float32).flatten()
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return flat
+
+
+@checker
+def check_ddp_script(
+    script: str | os.PathLike,
+    reference_params: Sequence[float] | torch.Tensor,
+    nproc: int = 2,
+    timeout: float = 180.0,
+    atol: float = 1e-5,
+) -> Feedback:
     """Run ``script`` on ``nproc`` processes; it must shuffle anew each epoch and match one process.
 
     The script reports (``report()`` in ``scripts/common.py``) ``orders``: the sample indices this
     rank saw, per epoch, and ``params``: its final parameters, flattened.
     """
+    purpose = "check_ddp_script"
+    nproc = _positive_int(nproc, "nproc", purpose)
+    atol = _tolerance(atol, purpose)
+    ref = _flat_floats(reference_params)
+    if ref is None or not bool(torch.isfinite(ref).all()):
+        raise ValueError(f"{purpose}: reference_params must be finite numbers")
     fb = Feedback(f"{os.path.basename(script)} trains like one process on the full batch")
+    fb.hint(
+        "two things to look at: how the sampler shuffles from one epoch to the next, and "
+        "what DDP already does to the gradients"
+    )
     try:
         result = launch(script, nproc=nproc, timeout=timeout, echo=None)
     except LaunchError as exc:
-        fb.expect(False, f"the script did not finish: {exc}")
-        return fb
-    if not fb.expect(sorted(result.reports) == list(range(nproc)),
-                     f"every rank must call report(...); got reports from ranks {sorted(result.reports)}"):
-        return fb
+        fb.fail(f"the script did not finish: {exc}", brief="the script did not finish")
+    fb.require(
+        sorted(result.reports) == list(range(nproc)),
+        f"every rank must call report(...); got reports from ranks {sorted(result.reports)}",
+        brief="not every rank reported its result",
+    )
     reports = [result.reports[r] for r in range(nproc)]
-    orders = reports[0].get("orders", [])
-    fb.expect(len(orders) >= 2 and any(o != orders[0] for o in orders[1:]),
-              "every epoch visits the samples in the same order: call sampler.set_epoch(epoch) "
-              "at the start of each epoch, so DistributedSampler shuffles differently each time")
-    ref = torch.as_tensor(reference_params, dtype=torch.float32).flatten()
-    params = [torch.tensor(r.get("params", []), dtype=torch.float32) for r in reports]
-    if not fb.expect(all(p.shape == ref.shape for p in params),
-                     "report 'params' as all the model's parameters, flattened, like ddp_train.py"):
-        return fb
-    fb.expect(all(torch.equal(params[0], p) for p in params[1:]),
-              "the ranks ended with different parameters: every rank must start from the same "
-              "seed and step with the same (all-reduced) gradients")
+    fb.require(
+        all(isinstance(r, dict) for r in reports),
+        "each rank must report a dict, like ddp_train.py: report(orders=..., params=...)",
+        brief="a rank reported something that is not a dict",
+    )
+    orders = reports[0].get("orders")
+    fb.expect(
+        isinstance(orders, list) and len(orders) >= 2 and any(o != orders[0] for o in orders[1:]),
+        "every epoch visits the samples in the same order: call sampler.set_epoch(epoch) "
+        "at the start of each epoch, so DistributedSampler shuffles differently each time",
+        brief="the ranks see the samples in the same order every epoch",
+    )
+    params = [_flat_floats(r.get("params")) for r in reports]
+    fb.require(
+        all(p is not None and p.shape == ref.shape for p in params),
+        "report 'params' as all the model's parameters, flattened, like ddp_train.py",
+        brief="the reported parameters are missing or have the wrong size",
+    )
+    fb.require(
+        all(bool(torch.isfinite(p).all()) for p in params),
+        "the parameters have NaN or infinite values: the training diverged",
+        brief="the training diverged",
+    )
+    fb.expect(
+        all(torch.equal(params[0], p) for p in params[1:]),
+        "the ranks ended with different parameters: every rank must start from the same "
+        "seed and step with the same (all-reduced) gradients",
+        brief="the ranks ended with different parameters",
+    )
     diff = (params[0] - ref).abs().max().item()
-    if not fb.expect(diff <= atol,
-                     f"the parameters differ from single-process training by up to {diff:.1e}"):
-        fb.hint("DDP's backward already averages the gradients over the ranks; dividing them by "
-                "the world size again halves every step")
+    if not fb.expect(
+        diff <= atol,
+        f"the parameters differ from single-process training by up to {diff:.1e}",
+        brief="the parameters differ from single-process training",
+    ):
+        fb.fix(
+            "DDP's backward already averages the gradients over the ranks; dividing them by "
+            "the world size again halves every step"
+        )
     return fb
 
 
-def check_sampler_padding(per_rank: int | None, repeated: int | None, n: int = 64,
-                          world: int = 3) -> Feedback:
+@checker
+def check_sampler_padding(
+    per_rank: int | None, repeated: int | None, n: int = 64, world: int = 3
+) -> Feedback:
     """``n`` samples on ``world`` ranks: samples per rank per epoch, and how many are seen twice."""
-    from torch.utils.data import DistributedSampler
-
+    n = _positive_int(n, "n", "check_sampler_padding")
+    world = _positive_int(world, "world", "check_sampler_padding")
     data = list(range(n))
-    shards = [list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0))
-              for r in range(world)]
+    shards = [
+        list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0))
+        for r in range(world)
+    ]
     want_per_rank = len(shards[0])
     want_repeated = sum(len(s) for s in shards) - len(set().union(*shards))
     fb = Feedback(f"{n} samples on {world} ranks with DistributedSampler")
-    if not fb.expect(per_rank is not None and repeated is not None,
-                     "set per_rank and repeated (build the samplers and count)"):
-        return fb
-    fb.expect(per_rank == want_per_rank,
-              f"per_rank = {per_rank}, but each rank gets {want_per_rank} samples per epoch")
-    fb.expect(repeated == want_repeated,
-              f"repeated = {repeated}, but {want_repeated} sample(s) are seen twice in an epoch")
-    if not fb.passed:
-        fb.hint("with drop_last=False the sampler pads the shuffled indices to a multiple of the "
-                "world size by repeating the first ones: every rank gets ceil(n / world)")
+    fb.hint("build the samplers and count: what does a sampler do when n does not split evenly?")
+    fb.require(
+        per_rank is not None and repeated is not None,
+        "set per_rank and repeated (build the samplers and count)",
+        brief="per_rank and repeated are not set yet",
+    )
+    got_per_rank, got_repeated = whole_number(per_rank), whole_number(repeated)
+    fb.expect(
+        got_per_rank == want_per_rank,
+        f"per_rank = {describe(per_rank)}, but each rank gets {want_per_rank} samples per epoch",
+        brief="per_rank is not the number of samples each rank gets",
+    )
+    fb.expect(
+        got_repeated == want_repeated,
+        f"repeated = {describe(repeated)}, but {want_repeated} sample(s) are seen twice in an "
+        "epoch",
+        brief="repeated is not the number of samples seen twice",
+    )
+    fb.fix(
+        "with drop_last=False the sampler pads the shuffled indices to a multiple of the "
+        "world size by repeating the first ones: every rank gets ceil(n / world)"
+    )
     return fb
 
 
+@checker
 def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     """``bubble(p, m)``: the fraction of time a GPipe stage idles, p stages and m micro-batches."""
     fb = Feedback("bubble(p, m) is the idle fraction of a GPipe pipeline")
+    fb.hint("draw the schedule: how many time slots does one step take, and how many are busy?")
     wrong = []
     for p in (1, 2, 4, 8):
         for m in (1, 2, 4, 16, 64):
             want = (p - 1) / (m + p - 1)
-            try:
-                got = bubble(p, m)
-            except Exception as exc:  # the learner's code: report any error as feedback
-                fb.expect(False, f"bubble({p}, {m}) raised {type(exc).__name__}: {exc}")
-                return fb
-            if isinstance(got, bool) or not isinstance(got, (int, float)):
-                fb.expect(False, f"bubble({p}, {m}) returned {got!r}: return a number between 0 and 1")
-                return fb
-            if abs(got - want) > 1e-9:
-                wrong.append(f"bubble({p}, {m}) = {got:.4f}, expected {want:.4f}")
-    fb.expect(not wrong, "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
-    if wrong:
-        fb.hint("one step lasts m + p - 1 slots; each stage works in m of them")
+            got = fb.run(f"bubble({p}, {m})", bubble, p, m)
+            value = finite_number(got)
+            fb.require(
+                value is not None,
+                number_problem(f"bubble({p}, {m})", got) + " between 0 and 1",
+                brief="bubble does not return a number",
+            )
+            if abs(value - want) > 1e-9:
+                wrong.append(f"bubble({p}, {m}) = {value:.4f}, expected {want:.4f}")
+    fb.expect(
+        not wrong,
+        "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
+        brief=f"{len(wrong)} of 20 values are wrong",
+    )
+    fb.fix("one step lasts m + p - 1 slots; each stage works in m of them: (p - 1) / (m + p - 1)")
     return fb
 
 
-def check_microbatch_step(step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
-                          model: nn.Module, x: torch.Tensor, y: torch.Tensor,
-                          m: int = 4, atol: float = 1e-6) -> Feedback:
+@checker
+def check_microbatch_step(
+    step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: int = 4,
+    atol: float = 1e-6,
+) -> Feedback:
     """``step(model, x, y, m)`` must leave in ``.grad`` the gradients of MSE on the whole batch.
 
-    ``model`` is not modified: the checker works on copies.
+    ``model`` is not modified: the checker works on copies. The step must not change the
+    weights (no optimizer step), and every gradient must be finite and match.
     """
+    purpose = "check_microbatch_step"
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{purpose}: model must be an nn.Module, not {type(model).__name__}")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(f"{purpose}: the model has no parameter that requires grad (frozen?)")
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or len(x) != len(y):
+        raise ValueError(f"{purpose}: x and y must be tensors with the same number of rows")
+    m = _positive_int(m, "m", purpose)
+    if m > len(x):
+        raise ValueError(f"{purpose}: m={m} micro-batches is more than the {len(x)} samples")
+    atol = _tolerance(atol, purpose)
     fb = Feedback(f"{m} micro-batches give the full-batch gradients")
+    fb.hint(
+        "the loss of the whole batch is a mean over all samples: what is it in terms of the "
+        "micro-batches' mean losses?"
+    )
+    fb.fix(
+        "cut x and y the same way (torch.chunk(x, m), torch.chunk(y, m)), divide each "
+        "micro-batch's loss by m and call backward on it: gradients add up in .grad"
+    )
     ref = copy.deepcopy(model)
     ref.zero_grad(set_to_none=True)
     nn.functional.mse_loss(ref(x), y).backward()
     mine = copy.deepcopy(model)
     mine.zero_grad(set_to_none=True)
-    try:
-        step(mine, x, y, m)
-    except Exception as exc:  # the learner's code: report any error as feedback
-        fb.expect(False, f"step(...) raised {type(exc).__name__}: {exc}")
-        return fb
-    grads = [(p.grad, q.grad) for p, q in zip(mine.parameters(), ref.parameters(), strict=True)]
-    if not fb.expect(all(g is not None for g, _ in grads),
-                     "some parameters have no gradient: call backward() on each micro-batch's loss"):
-        return fb
-    diff = max((g - r).abs().max().item() for g, r in grads)
-    if not fb.expect(diff <= atol, f"the gradients differ from the full batch by up to {diff:.1e}"):
-        ratio = sum(float(g.norm()) for g, _ in grads) / max(sum(float(r.norm()) for _, r in grads), 1e-30)
-        if abs(ratio - m) < 0.05 * m:
-            fb.hint(f"they are {m}x too large: divide each micro-batch's loss by m (the "
-                    "mean over the batch is the mean of the micro-batch means)")
-        else:
-            fb.hint("cut x and y the same way (torch.chunk(x, m) and torch.chunk(y, m)) and "
-                    "accumulate: do not zero the gradients between micro-batches")
+    weights = [p.detach().clone() for p in mine.parameters()]
+    fb.run("step(model, x, y, m)", step, mine, x, y, m)
+    pairs = [
+        (name, p.grad, q.grad)
+        for (name, p), q in zip(mine.named_parameters(), ref.parameters(), strict=True)
+        if q.requires_grad
+    ]
+    fb.expect(
+        all(torch.equal(w, p.detach()) for w, p in zip(weights, mine.parameters(), strict=True)),
+        "the step changed the model's weights: only compute the gradients, do not step",
+        brief="the step changed the weights",
+    )
+    missing = [name for name, g, _ in pairs if g is None]
+    fb.require(
+        not missing,
+        f"these parameters have no gradient: {', '.join(missing)}: call backward() on each "
+        "micro-batch's loss",
+        brief="some parameters have no gradient",
+    )
+    fb.require(
+        all(bool(torch.isfinite(g).all()) for _, g, _ in pairs),
+        "some gradients are NaN or infinite",
+        brief="some gradients are not finite",
+    )
+    diff = max((g - r).abs().max().item() for _, g, r in pairs)
+    if not math.isfinite(diff) or diff > atol:
+        ratio = sum(float(g.norm()) for _, g, _ in pairs) / max(
+            sum(float(r.norm()) for _, _, r in pairs), 1e-30
+        )
+        size = f"they are {m}x too large; " if abs(ratio - m) < 0.05 * m else ""
+        fb.expect(
+            False,
+            f"{size}the gradients differ from the full batch by up to {diff:.1e}",
+            brief="the gradients differ from the full batch's",
+        )
     return fb

@@ -15,17 +15,21 @@ reference step.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import Feedback
+from . import Feedback, checker
+from .answers import checker_device, describe, finite_number, tensor_number
 
-__all__ = ["check_amp_step", "check_fp16_survival", "fp16_fate"]
+__all__ = ["FP16_VALUES", "check_amp_step", "check_fp16_survival", "fp16_fate"]
 
 _FATES = ("inf", "0", "ok")
+
+FP16_VALUES = (70000.0, 60000.0, 1e-4, 1e-9)  # what notebook 06 asks about
 
 
 def fp16_fate(value: float) -> str:
@@ -38,27 +42,65 @@ def fp16_fate(value: float) -> str:
     return "ok"
 
 
-def check_fp16_survival(guess: Mapping[float, str]) -> Feedback:
-    """Compare the learner's predictions ``{value: "inf" | "0" | "ok"}`` with real fp16 conversion."""
+_WHY = {
+    "inf": "it is above fp16's largest finite value, 65504",
+    "0": "it is below half of fp16's smallest subnormal (about 6e-8), so it rounds to zero",
+    "ok": "it lies inside fp16's range (about 6e-8 to 65504)",
+}
+
+
+@checker
+def check_fp16_survival(
+    guess: Mapping[float, str], values: Sequence[float] = FP16_VALUES
+) -> Feedback:
+    """Compare the learner's predictions ``{value: "inf" | "0" | "ok"}`` with real fp16 conversion.
+
+    Every number in ``values`` must have a prediction (deleting a hard one does not pass);
+    predictions for other numbers are checked too.
+    """
+    asked = [finite_number(v) for v in values]
+    if not asked or any(v is None for v in asked):
+        raise ValueError("check_fp16_survival: values must be a non-empty list of finite numbers")
     fb = Feedback("predict what each value becomes in fp16")
-    if not isinstance(guess, Mapping) or not guess:
-        fb.expect(False, "pass a dict such as {70000.0: 'inf', 1e-9: '0'}")
-        return fb
-    for value, said in guess.items():
-        if not isinstance(said, str) or said.strip().lower() not in _FATES:
-            fb.expect(False, f"{value!r}: answer 'inf', '0' or 'ok' (got {said!r})")
+    fb.hint("torch.finfo(torch.float16) gives the largest value (max) and the smallest (tiny)")
+    fb.fix("torch.tensor(v).half() shows the answer for each v")
+    fb.require(
+        isinstance(guess, Mapping) and len(guess) > 0,
+        "pass a dict such as {70000.0: 'inf', 1e-9: '0'}",
+        brief="the answer is not a dict of predictions",
+    )
+    predictions: dict[float, object] = {}
+    for key, said in guess.items():
+        number = finite_number(key)
+        fb.require(
+            number is not None,
+            f"the keys are the numbers to predict, not {describe(key)}",
+            brief="some keys are not numbers",
+        )
+        predictions[number] = said
+    missing = [v for v in asked if v not in predictions]
+    fb.expect(
+        not missing,
+        f"predict every value: {', '.join(repr(v) for v in missing)} is missing",
+        brief="some values have no prediction",
+    )
+    for value in list(dict.fromkeys(asked)) + [v for v in predictions if v not in asked]:
+        if value not in predictions:
+            continue
+        said = predictions[value]
+        answer = str.lower(str.strip(said)) if isinstance(said, str) else None
+        if not fb.expect(
+            answer in _FATES,
+            f"{value!r}: answer 'inf', '0' or 'ok' (got {describe(said)})",
+            brief="some predictions are not 'inf', '0' or 'ok'",
+        ):
             continue
         truth = fp16_fate(value)
-        said = said.strip().lower()
-        if said != truth:
-            why = {
-                "inf": "it is above fp16's largest finite value, 65504",
-                "0": "it is below half of fp16's smallest subnormal (about 6e-8), so it rounds to zero",
-                "ok": "it lies inside fp16's range (about 6e-8 to 65504)",
-            }[truth]
-            fb.expect(False, f"{value!r} becomes {truth!r} in fp16, not {said!r}: {why}")
-    if not fb.passed:
-        fb.hint("torch.finfo(torch.float16) gives max and tiny; torch.tensor(v).half() shows the answer")
+        fb.expect(
+            answer == truth,
+            f"{value!r} becomes {truth!r} in fp16, not {answer!r}: {_WHY[truth]}",
+            brief="some predictions are wrong",
+        )
     return fb
 
 
@@ -82,9 +124,12 @@ class _RecordingScaler(torch.amp.GradScaler):
         return super().update(new_scale)
 
 
-def _setup(device: torch.device, scaler_cls: type) -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+def _setup(
+    device: torch.device, scaler_cls: type
+) -> tuple[nn.Module, torch.optim.Optimizer, Any, torch.Tensor, torch.Tensor]:
+    with torch.random.fork_rng(devices=[]):  # seed the model without touching the learner's RNG
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(1)
     inputs = torch.randn(16, 32, generator=gen).to(device)
@@ -103,10 +148,21 @@ def _reference_step(model, optimizer, scaler, inputs, targets, device_type, dtyp
     return loss
 
 
+@checker
 def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
     """Run the learner's ``step`` once with fp16 autocast and check it against the reference."""
+    device = checker_device(device, "check_amp_step", allowed=("cuda", "cpu"))
     fb = Feedback("a mixed-precision training step with autocast and GradScaler")
-    device = torch.device(device)
+    fb.hint(
+        "mixed precision takes two tools: autocast around the forward pass, and the GradScaler "
+        "around the backward pass and the optimizer step"
+    )
+    fb.fix(
+        "optimizer.zero_grad(set_to_none=True)\n"
+        "with torch.autocast(device_type, dtype=dtype):\n"
+        "    loss = nn.functional.cross_entropy(model(inputs), targets)\n"
+        "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()\nreturn loss"
+    )
     dtype = torch.float16
     model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
     ref_model = copy.deepcopy(model)
@@ -118,28 +174,72 @@ def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu")
         lambda mod, args, out: seen_autocast.append(torch.is_autocast_enabled(device.type))
     )
     try:
-        loss = step(model, optimizer, scaler, inputs, targets, device.type, dtype)
-    except Exception as exc:  # the learner's code: report it as feedback, not a traceback
-        fb.expect(False, f"your step raised {type(exc).__name__}: {exc}")
-        return fb
+        loss = fb.run(
+            "your step", step, model, optimizer, scaler, inputs, targets, device.type, dtype
+        )
     finally:
         hook.remove()
-    _reference_step(ref_model, ref_opt, ref_scaler, inputs, targets, device.type, dtype)
+    ref_loss = _reference_step(ref_model, ref_opt, ref_scaler, inputs, targets, device.type, dtype)
 
-    fb.expect(bool(seen_autocast), "the model's forward never ran: call model(inputs) inside your step")
-    fb.expect(all(seen_autocast) and bool(seen_autocast),
-              "the forward pass ran without autocast: wrap it in `with torch.autocast(device_type, dtype=dtype):`")
-    fb.expect(all(p.dtype == torch.float32 for p in model.parameters()),
-              "the weights are no longer fp32: do not call .half() on the model; autocast casts per op")
-    fb.expect("scale" in scaler.calls, "call scaler.scale(loss).backward(), not loss.backward()")
-    fb.expect("step" in scaler.calls, "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips inf steps")
-    fb.expect("update" in scaler.calls, "call scaler.update() after scaler.step(optimizer)")
-    fb.expect(isinstance(loss, torch.Tensor) and loss.numel() == 1, "return the loss (a one-element tensor)")
+    fb.expect(
+        bool(seen_autocast),
+        "the model's forward never ran: call model(inputs) inside your step",
+        brief="the model never ran",
+    )
+    fb.expect(
+        all(seen_autocast) and bool(seen_autocast),
+        "the forward pass ran without autocast: wrap it in "
+        "`with torch.autocast(device_type, dtype=dtype):`",
+        brief="the forward pass ran without autocast",
+    )
+    fb.expect(
+        all(p.dtype == torch.float32 for p in model.parameters()),
+        "the weights are no longer fp32: do not call .half() on the model; autocast casts per op",
+        brief="the weights are no longer fp32",
+    )
+    fb.expect(
+        "scale" in scaler.calls,
+        "call scaler.scale(loss).backward(), not loss.backward()",
+        brief="the loss was not scaled before the backward pass",
+    )
+    fb.expect(
+        "step" in scaler.calls,
+        "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips inf steps",
+        brief="the optimizer was not stepped through the scaler",
+    )
+    fb.expect(
+        "update" in scaler.calls,
+        "call scaler.update() after scaler.step(optimizer)",
+        brief="the scaler never adjusts its scale",
+    )
+    if loss is None:
+        fb.fail(
+            "your step returned None: is `return loss` missing?",
+            brief="your step does not return the loss",
+        )
+    is_loss = isinstance(loss, torch.Tensor) and loss.numel() == 1
+    fb.require(
+        is_loss,
+        f"return the loss (a one-element tensor), not {describe(loss)}",
+        brief="your step does not return the loss",
+    )
+    value = tensor_number(loss)
+    fb.expect(
+        value is not None
+        and math.isclose(value, float(ref_loss.detach()), rel_tol=1e-2, abs_tol=1e-3),
+        f"the loss you return is {describe(value)}, but this batch's loss is "
+        f"{float(ref_loss.detach()):.4f}: return the cross_entropy of model(inputs) and targets",
+        brief="the loss you return is not the batch's loss",
+    )
     if fb.passed:
         same = all(
             torch.allclose(p, q, rtol=1e-3, atol=1e-4)
             for p, q in zip(model.parameters(), ref_model.parameters(), strict=True)
         )
-        fb.expect(same, "the weights after your step differ from the reference step: check the loss "
-                        "(cross_entropy of model(inputs) and targets) and the order zero_grad, backward, step")
+        fb.expect(
+            same,
+            "the weights after your step differ from the reference step: check the loss "
+            "(cross_entropy of model(inputs) and targets) and the order zero_grad, backward, step",
+            brief="the weights after your step are not what one training step gives",
+        )
     return fb

@@ -2,48 +2,156 @@
 
 from __future__ import annotations
 
-from numbers import Integral
+from collections.abc import Callable
 
-from . import Feedback
+import torch
 
-__all__ = ["check_tensor_bytes", "check_matmul_peak"]
+from . import Feedback, checker
+from .answers import checker_device, describe, whole_number
+
+__all__ = ["check_matmul_peak", "check_peak_of", "check_tensor_bytes"]
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
-
-
+@checker
 def check_tensor_bytes(answer: object) -> Feedback:
     """Bytes of ``torch.zeros(1000, 3, 224, 224, dtype=torch.bfloat16)``."""
     fb = Feedback("bytes of a 1000 x 3 x 224 x 224 bf16 tensor")
     elements = 1000 * 3 * 224 * 224
     expected = elements * 2
-    if not fb.expect(_is_int(answer), f"give a whole number of bytes, not {answer!r}"):
-        fb.hint("multiply the number of elements by the bytes per element")
-        return fb
-    if answer == elements:
-        fb.expect(False, "that is the number of elements; each bf16 element takes 2 bytes")
-    elif answer == elements * 4:
-        fb.expect(False, "that is the size in float32 (4 bytes per element); bfloat16 is 2 bytes")
-    else:
-        fb.expect(answer == expected, f"{answer:,} bytes is not right")
-        if answer != expected:
-            fb.hint("torch.finfo(torch.bfloat16).bits // 8 gives the bytes per element")
+    fb.hint("multiply the number of elements by the bytes per element")
+    value = whole_number(answer)
+    fb.require(
+        value is not None,
+        f"give a whole number of bytes, not {describe(answer)}",
+        brief="the answer is not a whole number of bytes",
+    )
+    if value == elements:
+        fb.fail(
+            "that is the number of elements; each bf16 element takes 2 bytes",
+            brief="that counts elements, not bytes",
+        )
+    if value == elements * 4:
+        fb.fail(
+            "that is the size in float32 (4 bytes per element); bfloat16 is 2 bytes",
+            brief="that is the size in another dtype",
+        )
+    fb.expect(value == expected, f"{value:,} bytes is not right", brief="the number is wrong")
+    fb.fix("torch.finfo(torch.bfloat16).bits // 8 gives the bytes per element: 2")
     return fb
 
 
+@checker
 def check_matmul_peak(answer: object) -> Feedback:
     """Peak bytes above the start of ``torch.randn(512, 256) @ torch.randn(256, 128)`` (float32)."""
     fb = Feedback("peak of a 512x256 @ 256x128 float32 matmul")
     a, b, out = 512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4
     expected = a + b + out
-    if not fb.expect(_is_int(answer), f"give a whole number of bytes, not {answer!r}"):
-        fb.hint("with memory.measure('cpu') as m: ...; then m.peak_bytes - m.start_bytes")
-        return fb
-    if answer == out:
-        fb.expect(False, "that is only the output; at the peak both inputs are alive too")
-    elif answer == a + b:
-        fb.expect(False, "that is only the inputs; the output is allocated while they are alive")
-    else:
-        fb.expect(answer == expected, f"{answer:,} bytes is not the peak above the start")
+    fb.hint("with memory.measure('cpu') as m: ...; then m.peak_bytes - m.start_bytes")
+    value = whole_number(answer)
+    fb.require(
+        value is not None,
+        f"give a whole number of bytes, not {describe(answer)}",
+        brief="the answer is not a whole number of bytes",
+    )
+    if value == out:
+        fb.fail(
+            "that is only the output; at the peak both inputs are alive too",
+            brief="something else is alive at the peak",
+        )
+    if value == a + b:
+        fb.fail(
+            "that is only the inputs; the output is allocated while they are alive",
+            brief="something else is alive at the peak",
+        )
+    fb.expect(
+        value == expected,
+        f"{value:,} bytes is not the peak above the start",
+        brief="the number is wrong",
+    )
+    fb.fix(f"both inputs and the output are alive at once: {a:,} + {b:,} + {out:,} bytes")
+    return fb
+
+
+# -----------------------------------------------------------------------------
+# Exercise 3: debug a memory report (PyTorch's peak recipe, and what works without a GPU)
+
+_MiB = 2**20
+
+
+def _block(device: torch.device, mib: int, kept: list) -> Callable[[], None]:
+    """A block whose peak is ``2 * mib`` MiB above its start and which leaves ``mib`` MiB alive."""
+
+    def run() -> None:
+        a = torch.ones(mib * _MiB // 4, device=device)  # mib MiB of float32
+        kept.append(a * 2)  # another mib MiB, kept by the caller
+        del a
+
+    return run
+
+
+@checker
+def check_peak_of(
+    peak_of: Callable[[Callable[[], None], torch.device], object], device: object = "cpu"
+) -> Feedback:
+    """``peak_of(fn, device)``: bytes above the start at the peak while ``fn()`` runs.
+
+    Checked on the notebook's device and on the CPU (the function must work on both), each time
+    after a bigger block has run, with tensors already alive, on blocks whose exact peak is known:
+    a function that forgets ``reset_peak_memory_stats`` reports the older, bigger peak on a GPU;
+    one that reads ``torch.cuda`` on the CPU reports 0; ``end - start`` is not the peak.
+    """
+    device = checker_device(device, "check_peak_of", allowed=("cuda", "cpu"))
+    fb = Feedback("peak_of(fn, device) reports the peak above the start, on a GPU and on the CPU")
+    fb.hint("section 3 shows which counters see which tensors, and how a peak is measured")
+    fb.fix(
+        "on CUDA: torch.cuda.reset_peak_memory_stats(device); before = "
+        "torch.cuda.memory_allocated(device); fn(); return torch.cuda.max_memory_allocated("
+        "device) - before. On the CPU: with memory.measure(device) as m: fn(); return "
+        "m.peak_above_start_bytes"
+    )
+    want = 8 * _MiB
+    for target in dict.fromkeys([device, torch.device("cpu")]):
+        kept: list = []
+        already = torch.ones(_MiB // 4, device=target)  # 1 MiB alive before every call
+        _block(target, 8, kept)()  # an earlier, bigger peak (16 MiB) the report must forget
+        kept.clear()
+        got = fb.run(f"peak_of(fn, {str(target)!r})", peak_of, _block(target, 4, kept), target)
+        del already
+        kept.clear()
+        value = whole_number(got)
+        fb.require(
+            value is not None,
+            f"peak_of must return a whole number of bytes, not {describe(got)}",
+            brief="the answer is not a whole number of bytes",
+        )
+        where = f"on {target}"
+        if value == 0 and target.type == "cpu":
+            fb.fail(
+                f"{where} it returned 0 for a block that peaks 8 MiB above its start: "
+                "torch.cuda's counters do not see CPU tensors; use memory.measure(device) there",
+                brief=f"{where} it reports 0 bytes for a block that allocates 8 MiB",
+            )
+        if value == 4 * _MiB:
+            fb.fail(
+                f"{where} it returned 4 MiB: what the block left behind (end - start), not the "
+                "highest point it reached",
+                brief=f"{where} it reports what the block left behind, not its peak",
+            )
+        if value == 16 * _MiB:
+            fb.fail(
+                f"{where} it returned 16 MiB, the peak of an earlier block: call "
+                "torch.cuda.reset_peak_memory_stats(device) before the block",
+                brief=f"{where} it reports the peak of something that ran before",
+            )
+        if value > want:
+            fb.fail(
+                f"{where} it returned {value:,} bytes, more than the block's peak ({want:,}): "
+                "subtract the bytes alive at the start, and reset the peak first",
+                brief=f"{where} it reports more than the block's own peak",
+            )
+        fb.require(
+            value == want,
+            f"{where} it returned {value:,} bytes; the block's peak is {want:,} bytes",
+            brief=f"{where} the number is wrong",
+        )
     return fb

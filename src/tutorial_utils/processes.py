@@ -1,0 +1,222 @@
+"""Child processes that never outlive the process that started them, and tools that always return.
+
+Why this exists: a learner restarts the kernel all the time, and a restart kills the kernel's
+process (SIGTERM, then SIGKILL) without running any ``finally`` block. Whatever the kernel had
+started in a session of its own (torchrun does, and starts each rank in yet another one) used to
+keep running, with its temporary files. And an external tool that hangs (``nvidia-smi`` on a
+wedged driver) hangs whoever waits for it. Three tools:
+
+* :func:`die_with_parent` -- a ``preexec_fn`` for ``subprocess.Popen``: on Linux the child gets
+  SIGTERM when the thread that started it dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere nothing.
+* :class:`Watchdog` -- a small separate process holding the read end of a pipe whose write end
+  only we hold. However we die, the kernel closes that end; the watchdog then stops the process
+  trees it was told about (the ranks torchrun started in their own sessions included) and removes
+  the folders it was given. When we finish normally, :meth:`Watchdog.finish` lets it go quietly.
+* :func:`run` -- ``subprocess.run`` with a timeout that also kills what the tool itself started
+  (``subprocess.run`` kills only the direct child, then waits for the pipe that a grandchild still
+  holds open) and reaps everything before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+import psutil
+
+__all__ = ["Watchdog", "die_with_parent", "run", "stop_tree"]
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_POLL_S = 0.2  # how often the watchdog refreshes the list of processes it guards
+
+
+def _load_prctl():
+    # Looked up once, here: a preexec_fn runs between fork and exec, where loading a library
+    # could deadlock on a lock another thread of the parent held at the fork.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent thread dies (Linux only).
+
+    Meant as ``preexec_fn``: it runs in the child between fork and exec, and survives the exec.
+    Elsewhere it does nothing (the :class:`Watchdog` covers every system).
+    """
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def stop_tree(procs: Sequence[psutil.Process], grace_s: float = 3.0) -> list[int]:
+    """SIGTERM ``procs`` (and the process group each leads), SIGKILL what is left after ``grace_s``.
+
+    Returns the pids that were still alive after the SIGKILL and a second wait (normally none).
+    A process that is a group leader (torchrun's ranks each lead their own session) also has its
+    group signalled, so what it started itself (data-loader workers) goes with it.
+    """
+    me = os.getpgrp() if hasattr(os, "getpgrp") else None
+    procs = [p for p in procs if p.pid != os.getpid()]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            with contextlib.suppress(psutil.Error, OSError):
+                leads_group = hasattr(os, "killpg") and os.getpgid(p.pid) == p.pid != me
+                if leads_group and p.is_running():
+                    os.killpg(p.pid, sig)
+                else:
+                    p.send_signal(sig)
+        _, procs = psutil.wait_procs(procs, timeout=grace_s)
+        if not procs:
+            break
+    return [p.pid for p in procs]
+
+
+def run(cmd: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """Run ``cmd``, capture its output as text, and never wait more than ``timeout_s`` seconds.
+
+    On timeout the command and everything it started are killed and reaped, then
+    ``subprocess.TimeoutExpired`` is raised. ``OSError`` when it cannot be started.
+    """
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its own group: a timeout kills its children too
+        preexec_fn=die_with_parent,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    # The group is dead, so the pipes reach end of file at once.
+    with contextlib.suppress(subprocess.TimeoutExpired, ValueError, OSError):
+        proc.communicate(timeout=5)
+
+
+class Watchdog:
+    """A separate process that cleans up after us if we die before :meth:`finish`.
+
+    >>> dog = Watchdog()                      # doctest: +SKIP
+    >>> dog.guard(job.pid)                     # that process and every descendant it starts
+    >>> dog.remove_on_death(tmp_folder)
+    >>> ...                                    # wait for the job
+    >>> dog.finish()                           # we cleaned up ourselves: it exits quietly
+
+    The watchdog runs in a session of its own (so killing our process group does not kill it)
+    and needs only psutil; it exits as soon as it has cleaned up or been told to finish.
+    """
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tutorial_utils.processes"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _send(self, line: str) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(line + "\n")
+        self._proc.stdin.flush()
+
+    def guard(self, pid: int) -> None:
+        """Stop process ``pid`` and all its descendants if we die."""
+        self._send(f"pid {int(pid)}")
+
+    def remove_on_death(self, path: str | os.PathLike) -> None:
+        """Delete the folder ``path`` (after the processes are stopped) if we die."""
+        self._send(f"path {os.fspath(path)}")
+
+    def finish(self, timeout_s: float = 5.0) -> None:
+        """We are done and have cleaned up: the watchdog exits without touching anything."""
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self._send("done")
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def _read_orders(stream, orders: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        orders.put(line.rstrip("\n"))
+    orders.put(None)  # end of file: every write end of the pipe is closed
+
+
+def _watch(stream) -> None:
+    """The watchdog's loop: read orders until "done" (exit) or end of file (clean up, exit)."""
+    guarded: dict[int, psutil.Process] = {}
+    paths: list[str] = []
+    orders: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_read_orders, args=(stream, orders), daemon=True).start()
+    while True:
+        try:
+            order = orders.get(timeout=_POLL_S)
+        except queue.Empty:
+            order = ""
+        if order is None:  # our parent is gone
+            break
+        kind, _, arg = order.partition(" ")
+        if kind == "done":
+            return
+        if kind == "pid":
+            with contextlib.suppress(psutil.Error, ValueError):
+                guarded[int(arg)] = psutil.Process(int(arg))
+        elif kind == "path":
+            paths.append(arg)
+        _add_descendants(guarded)
+    _add_descendants(guarded)
+    # Nobody waits for a clean ending any more: a short grace, then SIGKILL.
+    stop_tree(list(guarded.values()), grace_s=1.0)
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _add_descendants(guarded: dict[int, psutil.Process]) -> None:
+    # Kept fresh while the job runs: once their parent is killed, processes are reparented
+    # and can no longer be found from it.
+    for p in list(guarded.values()):
+        with contextlib.suppress(psutil.Error):
+            for child in p.children(recursive=True):
+                guarded.setdefault(child.pid, child)
+
+
+if __name__ == "__main__":  # the watchdog process started by Watchdog()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the notebook is not for us
+    _watch(sys.stdin)
+    sys.exit(0)

@@ -1,0 +1,198 @@
+"""GPU results recorded on a real machine, shown beside the cells they belong to.
+
+A learner without a GPU still deserves to see what a GPU shows. ``make gpu-check`` on a GPU
+machine writes one JSON file per run into ``docs/results/`` (named by device and date); the
+notebooks call ``recorded.show(key)`` next to a GPU-only cell, which returns the newest recorded
+result for that key as a value whose repr says, first, where and when it was measured. It never
+pretends to have just run, and when nothing was recorded it says so in one line.
+
+>>> print(show("no_such_key", results_dir="/nonexistent"))  # doctest: +ELLIPSIS
+No GPU run recorded yet for 'no_such_key'...
+
+The file format (``schema`` 1)::
+
+    {"schema": 1, "date": "2026-12-01", "torch": "2.11.0+cu130", "python": "3.12.3",
+     "device": {"name": "NVIDIA H200", "compute_capability": [9, 0], "total_bytes": ...,
+                "gpu_count": 1, "driver": "..."},
+     "results": {"h2d_bandwidth": {"title": "...", "columns": [...], "rows": [[...], ...],
+                                   "note": "..."},
+                 "oom_message": {"title": "...", "text": "..."}},
+     "notebooks": [{"name": "00_start_here.ipynb", "passed": true, "seconds": 12.3}]}
+
+``make gpu-check`` (``tools/gpu_check.py``) writes this file and adds ``goals``,
+``unit_tests``, ``torch_api``, ``phases`` and, per result, ``figures``; a result that could not
+be measured carries ``skipped`` or ``error`` instead of data, and ``show`` passes over it to an
+older run. Only runs made on a GPU (with a ``compute_capability``) are read: a CPU try-out of
+the check is never shown as a GPU result.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["KEYS", "Recorded", "find_results_dir", "load_runs", "show"]
+
+SCHEMA = 1
+
+# What the GPU check records, and the notebook that shows each one.
+KEYS: dict[str, str] = {
+    "allocator_vs_nvml": "00: allocated / reserved / NVML used after allocating a tensor",
+    "h2d_bandwidth": "01: host-to-device copies, pageable vs pinned",
+    "oom_message": "05: a real CUDA out-of-memory message, verbatim",
+    "expandable_segments": "05: reserved minus allocated, with and without expandable segments",
+    "empty_cache": "05: reserved memory before and after torch.cuda.empty_cache()",
+    "checkpointing": "05: activation checkpointing, memory saved and time paid",
+    "amp_speed": "06: one training step in fp32 / TF32 / bf16 / fp16 autocast",
+    "cudnn_benchmark": "06: cudnn.benchmark on and off, fixed and varying shapes",
+    "matmul_peak": "06: a large matrix product as a share of the measured peak",
+    "spike_test": "00: a short memory spike seen by the allocator, NVML, GPUtil and the gauge",
+    "source_cost": "00: the cost of one reading from each gauge source",
+    "inference_mode": "05: forward passes with grad, no_grad and inference_mode",
+}
+
+
+def find_results_dir(start: str | os.PathLike | None = None) -> Path | None:
+    """``docs/results`` of the course: ``TUTORIAL_RESULTS_DIR``, else searched upward from
+    ``start``."""
+    env = os.environ.get("TUTORIAL_RESULTS_DIR")
+    if env:
+        return Path(env)
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "docs" / "results"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+def load_runs(results_dir: str | os.PathLike | None = None) -> list[dict]:
+    """Every readable run in ``results_dir``, newest first (by date, then file name)."""
+    folder = Path(results_dir) if results_dir is not None else find_results_dir()
+    if folder is None or not folder.is_dir():
+        return []
+    runs = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a half-written or foreign file is not a result
+        device = run.get("device") if isinstance(run, dict) else None
+        if (
+            isinstance(run, dict)
+            and run.get("schema") == SCHEMA
+            and isinstance(run.get("results"), dict)
+            and isinstance(device, dict)
+            and device.get("compute_capability")  # a GPU run, not a CPU try-out
+        ):
+            run["_file"] = path.name
+            runs.append(run)
+    runs.sort(key=lambda r: (str(r.get("date", "")), r["_file"]), reverse=True)
+    return runs
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One recorded result, or the statement that none exists. Shown by evaluating it."""
+
+    key: str
+    title: str = ""
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple, ...] = ()
+    text: str = ""
+    note: str = ""
+    source: dict = field(default_factory=dict)  # device, torch, date, file of the run
+
+    @property
+    def found(self) -> bool:
+        return bool(self.source)
+
+    @property
+    def label(self) -> str:
+        if not self.found:
+            return (
+                f"No GPU run recorded yet for {self.key!r}: on a GPU machine, `make gpu-check` "
+                "records one into docs/results/ (see docs/results/README.md)."
+            )
+        dev = self.source.get("device", {})
+        cc = dev.get("compute_capability")
+        cc_text = f", compute capability {cc[0]}.{cc[1]}" if cc else ""
+        return (
+            f"Recorded on {dev.get('name', 'unknown GPU')}{cc_text}, "
+            f"torch {self.source.get('torch', '?')}, "
+            f"{self.source.get('date', '?')} (not run here)"
+        )
+
+    def _table_lines(self) -> list[str]:
+        cells = [tuple(str(c) for c in self.columns)] + [
+            tuple(str(c) for c in r) for r in self.rows
+        ]
+        widths = [
+            max(len(row[i]) for row in cells if i < len(row)) for i in range(len(self.columns))
+        ]
+        return [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+            for row in cells
+        ]
+
+    def __str__(self) -> str:
+        lines = [self.label]
+        if self.found:
+            if self.title:
+                lines.append(self.title)
+            if self.columns:
+                lines += self._table_lines()
+            if self.text:
+                lines.append(self.text)
+            if self.note:
+                lines.append(self.note)
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        parts = [f"<p><em>{esc(self.label)}</em></p>"]
+        if self.found:
+            if self.title:
+                parts.append(f"<p><b>{esc(self.title)}</b></p>")
+            if self.columns:
+                head = "".join(f"<th>{esc(str(c))}</th>" for c in self.columns)
+                body = "".join(
+                    "<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in row) + "</tr>"
+                    for row in self.rows
+                )
+                parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            if self.text:
+                parts.append(f"<pre>{esc(self.text)}</pre>")
+            if self.note:
+                parts.append(f"<p>{esc(self.note)}</p>")
+        return "".join(parts)
+
+
+def show(key: str, results_dir: str | os.PathLike | None = None) -> Recorded:
+    """The newest recorded result for ``key`` (one of ``KEYS``), labelled with where it ran."""
+    if key not in KEYS and results_dir is None:
+        raise ValueError(f"unknown result {key!r}; the GPU check records: {', '.join(KEYS)}")
+    for run in load_runs(results_dir):
+        entry = run["results"].get(key)
+        if not isinstance(entry, dict) or entry.get("skipped") or entry.get("error"):
+            continue  # nothing was measured for this key in that run
+        return Recorded(
+            key=key,
+            title=str(entry.get("title", "")),
+            columns=tuple(entry.get("columns", ())),
+            rows=tuple(tuple(r) for r in entry.get("rows", ())),
+            text=str(entry.get("text", "")),
+            note=str(entry.get("note", "")),
+            source={
+                "device": run.get("device", {}),
+                "torch": run.get("torch", "?"),
+                "date": run.get("date", "?"),
+                "file": run["_file"],
+            },
+        )
+    return Recorded(key=key)

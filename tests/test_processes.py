@@ -1,0 +1,126 @@
+"""tutorial_utils.processes: tools that always return, children that die with their parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import alive
+
+from tutorial_utils import processes
+
+
+def wait_until(cond, timeout_s: float = 10.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def test_run_returns_the_output():
+    done = processes.run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout_s=30)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
+
+
+def test_run_kills_what_the_command_started_when_time_is_up(tmp_path):
+    pid_file = tmp_path / "pid"
+    # The grandchild keeps the output pipe open: subprocess.run would wait for it forever.
+    cmd = ["sh", "-c", f"sleep 1000 & echo $! > {pid_file}; wait"]
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        processes.run(cmd, timeout_s=0.5)
+    assert time.monotonic() - start < 5
+    assert alive([int(pid_file.read_text())]) == []
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_run_cannot_start_a_missing_program():
+    with pytest.raises(OSError):
+        processes.run(["/no/such/program"], timeout_s=5)
+
+
+def test_stop_tree_stops_a_process_that_ignores_sigterm():
+    stubborn = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+            "time.sleep(1000)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert stubborn.stdout.readline() == "ready\n"
+    stubborn.terminate()
+    time.sleep(0.3)
+    assert alive([stubborn.pid]) == [stubborn.pid]  # SIGTERM alone does not stop it
+    assert processes.stop_tree([psutil.Process(stubborn.pid)], grace_s=0.3) == []
+    assert alive([stubborn.pid]) == []
+    stubborn.wait(timeout=5)
+
+
+def test_a_finished_watchdog_leaves_everything_alone(tmp_path):
+    job = subprocess.Popen(["sleep", "1000"])
+    folder = tmp_path / "keep"
+    folder.mkdir()
+    dog = processes.Watchdog()
+    try:
+        dog.guard(job.pid)
+        dog.remove_on_death(folder)
+        time.sleep(0.3)
+        dog.finish()
+        assert alive([dog.pid]) == []  # it exited, and finish() reaped it
+        assert job.poll() is None and folder.is_dir()
+    finally:
+        job.kill()
+        job.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_the_watchdog_cleans_up_when_its_parent_dies(tmp_path, how):
+    folder = tmp_path / "scratch"
+    code = (
+        "import subprocess, sys, time\n"
+        "from tutorial_utils.processes import Watchdog\n"
+        "dog = Watchdog()\n"
+        "job = subprocess.Popen(['sh', '-c', 'sleep 1000 & sleep 1000 & wait'],\n"
+        "                       start_new_session=True)\n"
+        "dog.guard(job.pid)\n"
+        f"dog.remove_on_death({str(folder)!r})\n"
+        "print(dog.pid, job.pid, flush=True)\n"
+        "time.sleep(1000)\n"
+    )
+    folder.mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    dog_pid, job_pid = map(int, parent.stdout.readline().split())
+    time.sleep(0.5)  # the watchdog has seen the job's children
+    family = [job_pid, *(p.pid for p in psutil.Process(job_pid).children())]
+    assert len(family) == 3
+    os.kill(parent.pid, how)
+    parent.wait()
+    assert wait_until(lambda: alive([*family, dog_pid]) == [] and not folder.exists())
+
+
+def test_die_with_parent_arms_the_parent_death_signal():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a parent-death signal is a Linux feature")
+    # It is meant as a preexec_fn; called in a fresh process, its setting can be read back.
+    code = (
+        "import ctypes, signal\n"
+        "from tutorial_utils.processes import die_with_parent\n"
+        "die_with_parent(signal.SIGUSR1)\n"
+        "sig = ctypes.c_int()\n"
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
+        "print(sig.value)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == str(int(signal.SIGUSR1))

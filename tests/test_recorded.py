@@ -1,0 +1,83 @@
+"""recorded.show: labelled GPU results from docs/results, or one line saying none exist."""
+
+import json
+
+import pytest
+
+from tutorial_utils import recorded
+
+
+def _write(folder, name, date, results, schema=1):
+    run = {
+        "schema": schema,
+        "date": date,
+        "torch": "2.11.0+cu130",
+        "device": {"name": "NVIDIA H200", "compute_capability": [9, 0]},
+        "results": results,
+    }
+    (folder / name).write_text(json.dumps(run))
+
+
+def test_nothing_recorded_says_so_in_one_line(tmp_path):
+    result = recorded.show("h2d_bandwidth", results_dir=tmp_path)
+    assert not result.found
+    assert str(result).startswith("No GPU run recorded yet for 'h2d_bandwidth'")
+    assert "\n" not in str(result)
+
+
+def test_newest_run_wins_and_is_labelled_with_device_torch_and_date(tmp_path):
+    table = {"title": "copies", "columns": ["kind", "GB/s"], "rows": [["pinned", 50.1]]}
+    _write(tmp_path, "a.json", "2026-12-01", {"h2d_bandwidth": table})
+    newer = dict(table, rows=[["pinned", 51.2]])
+    _write(tmp_path, "b.json", "2026-12-02", {"h2d_bandwidth": newer})
+    result = recorded.show("h2d_bandwidth", results_dir=tmp_path)
+    text = str(result)
+    assert text.splitlines()[0] == (
+        "Recorded on NVIDIA H200, compute capability 9.0, torch 2.11.0+cu130, 2026-12-02 "
+        "(not run here)"
+    )
+    assert "51.2" in text and "50.1" not in text
+    assert "<table>" in result._repr_html_()
+
+
+def test_broken_and_foreign_files_are_ignored(tmp_path):
+    (tmp_path / "half.json").write_text('{"schema": 1, "resu')
+    _write(tmp_path, "old.json", "2026-12-01", {"oom_message": {"text": "x"}}, schema=0)
+    assert not recorded.show("oom_message", results_dir=tmp_path).found
+
+
+def test_unknown_key_is_one_sentence():
+    with pytest.raises(ValueError, match="unknown result 'nope'"):
+        recorded.show("nope")
+
+
+def test_a_cpu_try_out_of_the_check_is_never_shown_as_a_gpu_result(tmp_path):
+    run = {
+        "schema": 1,
+        "date": "2026-12-03",
+        "torch": "2.13.0",
+        "device": {"name": "x86_64", "compute_capability": None},
+        "results": {"amp_speed": {"columns": ["variant"], "rows": [["fp32"]]}},
+    }
+    (tmp_path / "cpu.json").write_text(json.dumps(run))
+    assert not recorded.show("amp_speed", results_dir=tmp_path).found
+
+
+def test_skipped_or_failed_entries_fall_back_to_an_older_measurement(tmp_path):
+    _write(tmp_path, "old.json", "2026-12-01", {"oom_message": {"text": "CUDA out of memory."}})
+    _write(tmp_path, "new.json", "2026-12-02", {"oom_message": {"error": "timed out"}})
+    _write(tmp_path, "newer.json", "2026-12-03", {"oom_message": {"skipped": "needs CUDA"}})
+    result = recorded.show("oom_message", results_dir=tmp_path)
+    assert result.found and result.text == "CUDA out of memory."
+    assert result.source["date"] == "2026-12-01"
+
+
+def test_every_key_the_benchmarks_record_is_known():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_bench.py"
+    text = path.read_text()
+    for key in recorded.KEYS:
+        assert f'"{key}"' in text, f"the GPU benchmarks never record {key!r}"
+    assert importlib.util.spec_from_file_location("gpu_bench", path) is not None
