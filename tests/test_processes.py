@@ -7,12 +7,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from conftest import alive
 
 from tutorial_utils import processes
+from tutorial_utils.processes import tied_to_parent
 
 
 def wait_until(cond, timeout_s: float = 10.0) -> bool:
@@ -110,17 +112,62 @@ def test_the_watchdog_cleans_up_when_its_parent_dies(tmp_path, how):
     assert wait_until(lambda: alive([*family, dog_pid]) == [] and not folder.exists())
 
 
-def test_die_with_parent_arms_the_parent_death_signal():
+def test_tied_to_parent_arms_the_parent_death_signal_and_runs_the_command():
     if not sys.platform.startswith("linux"):
         pytest.skip("a parent-death signal is a Linux feature")
-    # It is meant as a preexec_fn; called in a fresh process, its setting can be read back.
+    # The command itself reads the setting back: it survived the exec.
     code = (
-        "import ctypes, signal\n"
-        "from tutorial_utils.processes import die_with_parent\n"
-        "die_with_parent(signal.SIGUSR1)\n"
+        "import ctypes\n"
         "sig = ctypes.c_int()\n"
         "ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG\n"
         "print(sig.value)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == str(int(signal.SIGUSR1))
+    cmd = tied_to_parent([sys.executable, "-c", code], signal.SIGUSR1)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, str(int(signal.SIGUSR1)))
+
+
+def test_a_tool_started_from_a_thread_dies_with_its_parent():
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a parent-death signal is a Linux feature")
+    # A parent starts `sleep` through processes.run in a second thread, then is SIGKILLed:
+    # nothing runs a finally block, yet the sleep must not outlive it.
+    code = (
+        "import os, sys, threading, time\n"
+        "from tutorial_utils import processes\n"
+        "threading.Thread(target=processes.run, args=(['sleep', '300'], 600), daemon=True).start()\n"
+        "time.sleep(30)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    assert wait_until(
+        lambda: (
+            [c for c in psutil.Process(parent.pid).children(recursive=True) if c.name() == "sleep"]
+            != []
+        )
+    )
+    (child,) = [
+        c for c in psutil.Process(parent.pid).children(recursive=True) if c.name() == "sleep"
+    ]
+    parent.kill()
+    parent.wait()
+    assert wait_until(lambda: alive([child.pid]) == [])
+
+
+def test_tied_to_parent_refuses_a_missing_program_in_the_caller():
+    with pytest.raises(FileNotFoundError, match="not found on PATH"):
+        tied_to_parent(["no-such-program-here", "--help"])
+    with pytest.raises(ValueError, match="command is empty"):
+        tied_to_parent([])
+
+
+def test_nothing_in_the_package_uses_a_preexec_fn():
+    # Python runs a preexec_fn between fork and exec; with a second thread (doctor's checks, a
+    # gauge, ipykernel's own) the child can deadlock there and Popen never returns.
+    src = Path(processes.__file__).parent
+    offenders = [
+        f"{path.name}:{n}"
+        for path in src.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "preexec_fn=" in line
+    ]
+    assert offenders == []

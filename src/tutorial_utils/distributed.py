@@ -60,7 +60,7 @@ from typing import Any
 
 import psutil
 
-from .processes import Watchdog, die_with_parent, stop_tree
+from .processes import Watchdog, stop_tree, tied_to_parent
 
 __all__ = [
     "LaunchError",
@@ -452,7 +452,7 @@ def _run_job(
         tails: dict[int, deque[str]] = {}
         start = time.perf_counter()
         proc = subprocess.Popen(
-            cmd,
+            tied_to_parent(cmd),  # Linux: torchrun gets SIGTERM if this thread dies
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # its own pipe: a rank's stdout and stderr lines never mix
             stdin=subprocess.DEVNULL,
@@ -460,7 +460,6 @@ def _run_job(
             bufsize=1,
             env=child_env,
             start_new_session=True,
-            preexec_fn=die_with_parent,  # Linux: torchrun gets SIGTERM if this thread dies
         )
         watchdog.guard(proc.pid)
         result.launcher_pid = proc.pid

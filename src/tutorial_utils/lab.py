@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from .processes import die_with_parent
+from .processes import tied_to_parent
 
 __all__ = ["lab_command", "main", "parse_port"]
 
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed_on = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *passed_on)}
     signal.signal(signal.SIGINT, lambda *_: None)
-    child = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
+    child = subprocess.Popen(tied_to_parent(cmd), env=env)
 
     def pass_on(signum, _frame):
         with contextlib.suppress(ProcessLookupError):

@@ -6,8 +6,11 @@ started in a session of its own (torchrun does, and starts each rank in yet anot
 keep running, with its temporary files. And an external tool that hangs (``nvidia-smi`` on a
 wedged driver) hangs whoever waits for it. Three tools:
 
-* :func:`die_with_parent` -- a ``preexec_fn`` for ``subprocess.Popen``: on Linux the child gets
-  SIGTERM when the thread that started it dies (``prctl(PR_SET_PDEATHSIG)``); elsewhere nothing.
+* :func:`tied_to_parent` -- wraps a command so that, on Linux, it gets SIGTERM when the thread
+  that started it dies (``prctl(PR_SET_PDEATHSIG)``, set by a tiny Python that then execs the
+  command); elsewhere the command is returned as it is. Not a ``preexec_fn``: Python runs that
+  between fork and exec, where it can deadlock on a lock another thread held at the fork (seen:
+  ``doctor`` hung in one run of eight while a second thread was importing GPUtil).
 * :class:`Watchdog` -- a small separate process holding the read end of a pipe whose write end
   only we hold. However we die, the kernel closes that end; the watchdog then stops the process
   trees it was told about (the ranks torchrun started in their own sessions included) and removes
@@ -20,7 +23,6 @@ wedged driver) hangs whoever waits for it. Three tools:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import queue
 import shutil
@@ -32,34 +34,39 @@ from collections.abc import Sequence
 
 import psutil
 
-__all__ = ["Watchdog", "die_with_parent", "run", "stop_tree"]
+__all__ = ["Watchdog", "run", "stop_tree", "tied_to_parent"]
 
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _POLL_S = 0.2  # how often the watchdog refreshes the list of processes it guards
 
-
-def _load_prctl():
-    # Looked up once, here: a preexec_fn runs between fork and exec, where loading a library
-    # could deadlock on a lock another thread of the parent held at the fork.
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
+# Runs in the child, before the command: arm the parent-death signal, give up if the parent is
+# already gone (it died between fork and prctl), then become the command (the setting survives
+# exec). -S -I: no site import, no environment variables read; about 20 ms.
+_TIE = (
+    "import ctypes, os, sys\n"
+    "parent, sig = int(sys.argv[1]), int(sys.argv[2])\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != parent:\n"
+    "    sys.exit(128 + sig)\n"
+    "os.execv(sys.argv[3], sys.argv[4:])  # argv[0] stays what the caller gave\n"
+)
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent thread dies (Linux only).
+def tied_to_parent(cmd: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
+    """``cmd`` wrapped so that (on Linux) it gets ``sig`` when the thread that starts it dies.
 
-    Meant as ``preexec_fn``: it runs in the child between fork and exec, and survives the exec.
-    Elsewhere it does nothing (the :class:`Watchdog` covers every system).
+    Pass the result to ``subprocess.Popen`` in place of ``cmd``. The program is looked up on
+    ``PATH`` here, so a missing one still raises ``FileNotFoundError`` in the caller. Elsewhere
+    than Linux the command comes back unchanged (the :class:`Watchdog` covers every system).
     """
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    cmd = [str(part) for part in cmd]
+    if not cmd:
+        raise ValueError("the command is empty; give the program to run and its arguments")
+    if not sys.platform.startswith("linux"):
+        return cmd
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
+    return [sys.executable, "-S", "-I", "-c", _TIE, str(os.getpid()), str(int(sig)), exe, *cmd]
 
 
 def stop_tree(procs: Sequence[psutil.Process], grace_s: float = 3.0) -> list[int]:
@@ -92,13 +99,12 @@ def run(cmd: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
     ``subprocess.TimeoutExpired`` is raised. ``OSError`` when it cannot be started.
     """
     proc = subprocess.Popen(
-        list(cmd),
+        tied_to_parent(cmd),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
         start_new_session=True,  # its own group: a timeout kills its children too
-        preexec_fn=die_with_parent,
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)
