@@ -4,7 +4,7 @@ They only use what every version of the package has (the command line, ``launch`
 ``doctor``), so the same probe measures the code before a fix and after it. The package they
 probe is the one Python imports, so point PYTHONPATH at another checkout to measure that one::
 
-    git archive 756358c src | tar -x -C /tmp/before
+    git archive 2329792 src | tar -x -C /tmp/before
     PYTHONPATH=/tmp/before/src .venv/bin/python tests/fault_probes.py orphans KILL
     .venv/bin/python tests/fault_probes.py orphans KILL              # this checkout
 
