@@ -628,7 +628,7 @@ def budget(nbytes: int | str, device: str | torch.device | None = None) -> Itera
     its result reaches your code. Nothing stays patched after the error: free what you no longer
     need and carry on.
     """
-    limit = parse_bytes(nbytes)
+    limit = parse_bytes(nbytes)  # a sentence for text it cannot read, NaN, inf, True
     if limit <= 0:
         raise ValueError(f"a memory budget must be a positive number of bytes, got {nbytes!r}")
     device = _resolve(device)

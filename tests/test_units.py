@@ -1,0 +1,43 @@
+"""Sizes read and written in one place: what format_bytes prints, parse_bytes reads back."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tutorial_utils.units import format_bytes, parse_bytes
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 1023, 1024, 3 * 2**20, 2**40 + 2**39, 2**50, 7 * 2**50])
+def test_what_format_bytes_prints_parse_bytes_reads_back(nbytes):
+    text = format_bytes(nbytes, precision=6)
+    assert math.isclose(parse_bytes(text), nbytes, rel_tol=1e-6)
+
+
+def test_units():
+    assert format_bytes(None) == "n/a"
+    assert format_bytes(-3 * 2**20) == "-3.00 MiB"
+    assert format_bytes(5 * 2**60) == "5120.00 PiB"  # nothing above PiB
+    assert parse_bytes("1.5 GiB") == 3 * 2**29
+    assert parse_bytes("2 PB") == 2 * 10**15
+    assert parse_bytes("512m") == 512 * 2**20
+    assert parse_bytes("1_024") == 1024
+    assert parse_bytes("-5 MiB") == -5 * 2**20  # the caller says why a negative size is wrong
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), float("inf"), "abc", None, "1 XiB", "", [1]])
+def test_bad_sizes_are_one_sentence(bad):
+    with pytest.raises(ValueError) as info:
+        parse_bytes(bad)
+    message = str(info.value)
+    assert "\n" not in message and repr(bad) in message  # one line that names what was given
+
+
+@pytest.mark.parametrize("bad", [True, float("nan"), float("inf")])
+def test_a_budget_of_true_nan_or_infinity_is_one_sentence(bad):
+    from tutorial_utils import memory
+
+    with pytest.raises(ValueError, match="a size must be"):
+        with memory.budget(bad):
+            pass
