@@ -23,14 +23,14 @@ RELEASE = "v0.1.0"
 #: ``python tools/course_times.py --write`` rewrites this block, ``--check`` compares it.
 # BEGIN MINUTES (written by tools/course_times.py --write)
 MINUTES: dict[str, int] = {
-    "00_start_here.ipynb": 20,
-    "01_moving_tensors.ipynb": 30,
-    "02_creating_tensors_on_the_right_device.ipynb": 25,
-    "03_data_parallelism.ipynb": 45,
+    "00_start_here.ipynb": 45,
+    "01_moving_tensors.ipynb": 70,
+    "02_creating_tensors_on_the_right_device.ipynb": 45,
+    "03_data_parallelism.ipynb": 40,
     "04_model_parallelism.ipynb": 40,
-    "05_out_of_memory.ipynb": 50,
-    "06_mixed_precision_and_cudnn.ipynb": 40,
-    "07_capstone_make_it_fit.ipynb": 45,
+    "05_out_of_memory.ipynb": 90,
+    "06_mixed_precision_and_cudnn.ipynb": 60,
+    "07_capstone_make_it_fit.ipynb": 40,
 }
 # END MINUTES
 
