@@ -183,3 +183,18 @@ def test_other_files_use_the_same_repository_address():
         assert found == path, f"README.md links to {found}, but course.REPOSITORY is {path}"
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'Source = "{course.REPOSITORY}"' in pyproject
+
+
+def test_notebook_00_links_the_docs():
+    """A stuck learner or an instructor finds the docs from the first cell of notebook 00."""
+    path = ROOT / "notebooks" / "00_start_here.ipynb"
+    intro = source(next(c for c in cells(path) if c["cell_type"] == "markdown"))
+    links = dict(
+        (text, target) for text, target in re.findall(r"\[([^\]]+)\]\((\.\./docs/[^)]+)\)", intro)
+    )
+    assert set(links) == {"Troubleshooting", "Glossary", "Instructor guide"}, links
+    for target in links.values():
+        assert (path.parent / target).resolve().is_file(), f"{target} does not exist"
+    readme = (ROOT / "README.md").read_text()
+    for doc in ("troubleshooting", "glossary", "instructor-guide", "architecture"):
+        assert f"(docs/{doc}.md" in readme, f"README.md should link docs/{doc}.md"

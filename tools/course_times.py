@@ -23,7 +23,8 @@ heading to the next; the intro is everything before the first.
 Where the times are stated, all rewritten by ``--write`` and compared by ``--check``:
 ``src/tutorial_utils/course.py`` (the ``MINUTES`` block), the ``**Time:**`` line of each
 notebook's first cell, the README's table, ``docs/times.md`` and the syllabi block of
-``docs/instructor-guide.md``.
+``docs/instructor-guide.md``. Notebook 00 shows ``course.MINUTES`` in an output: re-execute it
+after a ``--write`` that changed them (``--write`` says so).
 """
 
 from __future__ import annotations
@@ -484,8 +485,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"no such notebook in notebooks/: {', '.join(unknown)}")
     if args.write:
-        for name in write(ests, args.only):
+        changed = write(ests, args.only)
+        for name in changed:
             print("updated", name)
+        if "src/tutorial_utils/course.py" in changed:
+            print(
+                "course.MINUTES changed, and notebook 00 shows them in a table: re-execute it with "
+                "python tools/run_notebooks.py --cpu --inplace notebooks/00_start_here.ipynb"
+            )
         return 0
     if args.check:
         found = problems(ests)
