@@ -212,3 +212,12 @@ def test_contents_links_point_at_headings():
         anchors.add(slug)
     for link in re.findall(r"\]\(#([^)]+)\)", text):
         assert link in anchors, f"contents link #{link} matches no heading"
+
+
+def test_gloo_default_timeout_is_what_the_page_says():
+    from datetime import timedelta
+
+    from torch.distributed import constants
+
+    assert constants.default_pg_timeout == timedelta(minutes=30)
+    assert "30 minutes for\ngloo" in PAGE.read_text(encoding="utf-8")
