@@ -1,4 +1,4 @@
-"""Every notebook carries the course's Colab badge and setup cell, and is committed ready for strict nbval."""
+"""Every notebook carries the course's Colab badge, setup cell and metadata, ready for strict nbval."""
 
 import json
 import re
@@ -6,12 +6,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
+from awaiting_tools import AWAITING_TOOLS
 
+import tutorial_utils
 from tutorial_utils import course
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+import sync_colab  # noqa: E402
+
+
+def synced(paths):
+    """``paths``, the ones still waiting for tools/sync_colab.py marked as expected to fail."""
+    why = "written by tools/sync_colab.py after the merge: see tests/awaiting_tools.py"
+    return [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=why))
+        if p.name in AWAITING_TOOLS
+        else p
+        for p in paths
+    ]
 
 
 def cells(path):
@@ -35,7 +51,7 @@ def test_readme_lists_every_notebook_with_its_time():
         )
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", synced(NOTEBOOKS), ids=lambda p: p.name)
 def test_badge_and_setup_cell(path):
     all_cells = cells(path)
     first_md = next(c for c in all_cells if c["cell_type"] == "markdown")
@@ -47,6 +63,64 @@ def test_badge_and_setup_cell(path):
         "setup cell missing or stale: run tools/sync_colab.py"
     )
     assert course.REPOSITORY in source(first_code)
+
+
+@pytest.mark.parametrize("path", synced(NOTEBOOKS), ids=lambda p: p.name)
+def test_kernelspec_and_colab_runtime(path):
+    """Every notebook names its kernel; the ones with GPU cells worth a GPU open a Colab GPU runtime."""
+    metadata = json.loads(path.read_text())["metadata"]
+    assert metadata.get("kernelspec") == course.KERNELSPEC, (
+        f"{path.name} has kernelspec {metadata.get('kernelspec')!r}: run tools/sync_colab.py"
+    )
+    if path.name in sync_colab.NEEDS_GPU:
+        assert metadata.get("accelerator") == "GPU", f"{path.name} should open a Colab GPU runtime"
+        assert metadata.get("colab", {}).get("gpuType") == course.COLAB_GPU
+    else:
+        assert "accelerator" not in metadata and "gpuType" not in metadata.get("colab", {}), (
+            f"{path.name} has no GPU cell a single Colab GPU would change: no GPU runtime"
+        )
+
+
+def test_needs_gpu_names_real_notebooks_that_run_on_a_gpu():
+    by_name = {nb.filename: nb for nb in course.NOTEBOOKS}
+    assert sync_colab.NEEDS_GPU <= set(by_name)
+    for name in sync_colab.NEEDS_GPU:
+        assert "1 GPU" in by_name[name].runs_on, f"{name} is not said to run on 1 GPU"
+
+
+def test_sync_colab_writes_kernelspec_and_gpu_runtime_and_removes_a_stale_one():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["colab"] = {"gpuType": "A100", "provenance": []}
+    nb.metadata["accelerator"] = "GPU"
+    assert sync_colab.sync(nb, "03_data_parallelism.ipynb")
+    assert nb.metadata["kernelspec"] == course.KERNELSPEC
+    assert "accelerator" not in nb.metadata and nb.metadata["colab"] == {"provenance": []}
+    assert sync_colab.sync(nb, "05_out_of_memory.ipynb")
+    assert nb.metadata["accelerator"] == "GPU" and nb.metadata["colab"]["gpuType"] == "T4"
+    assert not sync_colab.sync(nb, "05_out_of_memory.ipynb"), "a second sync changes nothing"
+
+
+def test_setup_cell_installs_the_release_tag_not_a_branch():
+    src = course.colab_setup_source()
+    assert f"--branch {course.RELEASE} " in src
+    assert f"--branch {course.BRANCH}" not in src and "pull" not in src
+    assert course.colab_url("00_start_here.ipynb").count(f"/blob/{course.RELEASE}/") == 1
+
+
+def test_release_is_the_package_version():
+    assert re.fullmatch(r"v\d+\.\d+\.\d+", course.RELEASE)
+    assert course.RELEASE == f"v{tutorial_utils.__version__}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version\s*=\s*"([^"]+)"', pyproject, re.MULTILINE)
+    if version:  # a static version in pyproject must agree too
+        assert course.RELEASE == f"v{version.group(1)}"
+
+
+def test_readme_binder_badge_opens_notebook_00_at_the_release():
+    readme = (ROOT / "README.md").read_text()
+    assert course.binder_badge("00_start_here.ipynb") in readme
+    assert course.colab_badge("00_start_here.ipynb") in readme, "README's Colab badge is stale"
+    assert "urlpath=lab/tree/notebooks/00_start_here.ipynb" in course.binder_url()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -83,8 +157,13 @@ def test_notebook_shape(path):
 
 
 def test_sync_colab_check_passes():
+    done = [p.name for p in NOTEBOOKS if p.name not in AWAITING_TOOLS]
+    only = [arg for name in done for arg in ("--only", name)]
     proc = subprocess.run(
-        [sys.executable, "tools/sync_colab.py", "--check"], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "tools/sync_colab.py", "--check", *only],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -104,3 +183,18 @@ def test_other_files_use_the_same_repository_address():
         assert found == path, f"README.md links to {found}, but course.REPOSITORY is {path}"
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert f'Source = "{course.REPOSITORY}"' in pyproject
+
+
+def test_notebook_00_links_the_docs():
+    """A stuck learner or an instructor finds the docs from the first cell of notebook 00."""
+    path = ROOT / "notebooks" / "00_start_here.ipynb"
+    intro = source(next(c for c in cells(path) if c["cell_type"] == "markdown"))
+    links = dict(
+        (text, target) for text, target in re.findall(r"\[([^\]]+)\]\((\.\./docs/[^)]+)\)", intro)
+    )
+    assert set(links) == {"Troubleshooting", "Glossary", "Instructor guide"}, links
+    for target in links.values():
+        assert (path.parent / target).resolve().is_file(), f"{target} does not exist"
+    readme = (ROOT / "README.md").read_text()
+    for doc in ("troubleshooting", "glossary", "instructor-guide", "architecture"):
+        assert f"(docs/{doc}.md" in readme, f"README.md should link docs/{doc}.md"

@@ -1,8 +1,9 @@
 """Facts about the course itself, kept in one place.
 
-The repository address appears in every notebook (the "Open in Colab" badge and the
-Colab setup cell). ``tests/test_course.py`` checks each notebook against the values
-here, and ``python tools/sync_colab.py`` rewrites the badge and setup cell when they change.
+The repository address and release appear in every notebook (the "Open in Colab" badge and
+the Colab setup cell), with a kernelspec and, where the notebook needs one, Colab's GPU
+metadata. ``tests/test_course.py`` checks each notebook against the values here, and
+``python tools/sync_colab.py`` rewrites them when they change.
 """
 
 from __future__ import annotations
@@ -11,14 +12,34 @@ from dataclasses import dataclass
 
 #: Where the course lives. Change it here, then run ``python tools/sync_colab.py``.
 REPOSITORY = "https://github.com/gpu-memory-course/pytorch-gpu-memory"
-BRANCH = "main"
+BRANCH = "main"  # where development happens; learners' links point at RELEASE instead
+#: The tagged release these notebooks belong to: the Colab badge opens it, the Colab setup cell
+#: installs exactly this tag (never the moving ``BRANCH``), Binder builds it. It is
+#: ``v`` + the package's ``__version__`` (a test checks); bump both, then tag.
+RELEASE = "v0.1.0"
+
+#: Minutes a learner needs per notebook, estimated from its words, code lines, cells and
+#: exercises (the formula and its inputs: docs/times.md). Never edit by hand:
+#: ``python tools/course_times.py --write`` rewrites this block, ``--check`` compares it.
+# BEGIN MINUTES (written by tools/course_times.py --write)
+MINUTES: dict[str, int] = {
+    "00_start_here.ipynb": 45,
+    "01_moving_tensors.ipynb": 70,
+    "02_creating_tensors_on_the_right_device.ipynb": 45,
+    "03_data_parallelism.ipynb": 40,
+    "04_model_parallelism.ipynb": 40,
+    "05_out_of_memory.ipynb": 90,
+    "06_mixed_precision_and_cudnn.ipynb": 60,
+    "07_capstone_make_it_fit.ipynb": 40,
+}
+# END MINUTES
 
 
 @dataclass(frozen=True)
 class Notebook:
     filename: str
     title: str
-    minutes: int  # time a learner needs, reading and running every cell
+    minutes: int  # time a learner needs, reading and running every cell (MINUTES)
     runs_on: str  # where every cell runs for real
 
 
@@ -26,47 +47,67 @@ NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook(
         "00_start_here.ipynb",
         "Start here: the environment, the gauge, what the numbers mean",
-        20,
+        MINUTES["00_start_here.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
     ),
     Notebook(
-        "01_moving_tensors.ipynb", "Moving tensors between devices", 30, "CPU, 1 GPU, 2+ GPUs"
+        "01_moving_tensors.ipynb",
+        "Moving tensors between devices",
+        MINUTES["01_moving_tensors.ipynb"],
+        "CPU, 1 GPU, 2+ GPUs",
     ),
     Notebook(
         "02_creating_tensors_on_the_right_device.ipynb",
         "Creating tensors on the right device",
-        25,
+        MINUTES["02_creating_tensors_on_the_right_device.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
     ),
     Notebook(
         "03_data_parallelism.ipynb",
         "Data parallelism: DataParallel, DDP with torchrun, FSDP2",
-        45,
+        MINUTES["03_data_parallelism.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
     ),
     Notebook(
-        "04_model_parallelism.ipynb", "Model parallelism and pipelines", 40, "CPU (gloo), 2+ GPUs"
+        "04_model_parallelism.ipynb",
+        "Model parallelism and pipelines",
+        MINUTES["04_model_parallelism.ipynb"],
+        "CPU (gloo), 2+ GPUs",
     ),
     Notebook(
         "05_out_of_memory.ipynb",
         "Out-of-memory troubleshooting",
-        50,
+        MINUTES["05_out_of_memory.ipynb"],
         "CPU (budget), 1 GPU (real OOM)",
     ),
     Notebook(
         "06_mixed_precision_and_cudnn.ipynb",
         "Mixed precision and cuDNN settings",
-        40,
+        MINUTES["06_mixed_precision_and_cudnn.ipynb"],
         "CPU (bf16), 1 GPU (fp16, bf16, TF32, cuDNN)",
     ),
-    Notebook("07_capstone_make_it_fit.ipynb", "Capstone: make it fit", 45, "CPU (budget), 1 GPU"),
+    Notebook(
+        "07_capstone_make_it_fit.ipynb",
+        "Capstone: make it fit",
+        MINUTES["07_capstone_make_it_fit.ipynb"],
+        "CPU (budget), 1 GPU",
+    ),
 )
 
 
+#: The kernelspec every notebook carries (Colab, JupyterLab and nbclient read it).
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+#: The GPU Colab should give a notebook that has GPU cells worth running: the free tier's one.
+COLAB_GPU = "T4"
+
+
+def _repo_path() -> str:
+    return REPOSITORY.removeprefix("https://github.com/")
+
+
 def colab_url(filename: str) -> str:
-    """The address that opens ``notebooks/<filename>`` from the repository in Colab."""
-    path = REPOSITORY.removeprefix("https://github.com/")
-    return f"https://colab.research.google.com/github/{path}/blob/{BRANCH}/notebooks/{filename}"
+    """The address that opens ``notebooks/<filename>`` of release ``RELEASE`` in Colab."""
+    return f"https://colab.research.google.com/github/{_repo_path()}/blob/{RELEASE}/notebooks/{filename}"
 
 
 def colab_badge(filename: str) -> str:
@@ -77,19 +118,32 @@ def colab_badge(filename: str) -> str:
     )
 
 
+def binder_url(filename: str = "00_start_here.ipynb") -> str:
+    """The address that builds release ``RELEASE`` on Binder and opens ``notebooks/<filename>``."""
+    return (
+        f"https://mybinder.org/v2/gh/{_repo_path()}/{RELEASE}?urlpath=lab/tree/notebooks/{filename}"
+    )
+
+
+def binder_badge(filename: str = "00_start_here.ipynb") -> str:
+    """The README's Binder badge: it opens notebook 00."""
+    return f"[![Binder](https://mybinder.org/badge_logo.svg)]({binder_url(filename)})"
+
+
 def colab_setup_source() -> str:
     """The first code cell of each notebook: it does something only on Colab.
 
-    On Colab it clones the repository (the notebooks read scripts from ``notebooks/scripts``),
-    installs the helper package from that clone (not editable: a running kernel would not see
-    an editable install), and changes into ``notebooks/``.
+    On Colab it clones the course at the tag ``RELEASE`` (the notebooks read scripts from
+    ``notebooks/scripts``), installs the helper package from that clone (not editable: a running
+    kernel would not see an editable install), and changes into ``notebooks/``. A tag, not a
+    branch: the package a learner installs is the one this notebook was tested with.
     """
     return (
         "# Colab only: fetch the course and install its helpers. Elsewhere this cell does nothing.\n"
         "import os\n"
         "\n"
         'if "COLAB_RELEASE_TAG" in os.environ:\n'
-        f"    !git clone -q --depth 1 --branch {BRANCH} {REPOSITORY} /content/course || git -C /content/course pull -q\n"
+        f"    ![ -d /content/course ] || git clone -q --depth 1 --branch {RELEASE} {REPOSITORY} /content/course\n"
         "    %pip install -q /content/course\n"
         "    %cd /content/course/notebooks"
     )

@@ -1,0 +1,517 @@
+"""Estimate how long each notebook takes, from what is in it, and keep every stated time honest.
+
+    python tools/course_times.py           # print the estimate per notebook and per section
+    python tools/course_times.py --check   # exit 1 if a stated time or a syllabus disagrees
+    python tools/course_times.py --write   # rewrite the stated times, docs/times.md, the syllabi
+
+The formula (the same words are written into docs/times.md):
+
+* **reading**: the words of the markdown cells, at ``WORDS_PER_MIN`` words a minute (technical
+  prose read carefully, not skimmed);
+* **code**: the non-blank lines of the code cells a learner runs, at ``CODE_LINES_PER_MIN``
+  lines a minute (read, understood, not typed);
+* **running**: ``MIN_PER_CELL`` minutes per code cell (run it, wait, look at the output);
+* **exercises**: ``MIN_PER_EXERCISE`` minutes per exercise (try, run the checker, read the hint,
+  try again); its collapsed solution cells count here, not as code to read;
+* **tasks**: ``MIN_PER_TASK`` minutes per open task (a ``## ... Your turn`` section, as in the
+  capstone: design a solution, run it, measure, retry).
+
+The Colab setup cell is not counted (it does nothing off Colab). A notebook's time is the sum of
+its sections' times rounded up to ``ROUND_TO`` minutes; a section is everything from one ``## ``
+heading to the next; the intro is everything before the first.
+
+Where the times are stated, all rewritten by ``--write`` and compared by ``--check``:
+``src/tutorial_utils/course.py`` (the ``MINUTES`` block), the ``**Time:**`` line of each
+notebook's first cell, the README's table, ``docs/times.md`` and the syllabi block of
+``docs/instructor-guide.md``. Notebook 00 shows ``course.MINUTES`` in an output: re-execute it
+after a ``--write`` that changed them (``--write`` says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+COURSE_PY = ROOT / "src" / "tutorial_utils" / "course.py"
+README = ROOT / "README.md"
+TIMES_MD = ROOT / "docs" / "times.md"
+GUIDE_MD = ROOT / "docs" / "instructor-guide.md"
+
+WORDS_PER_MIN = 150
+CODE_LINES_PER_MIN = 20
+MIN_PER_CELL = 0.25
+MIN_PER_EXERCISE = 5
+MIN_PER_TASK = 20  # an open task ("Your turn" in the capstone): design, try, measure, retry
+ROUND_TO = 5
+
+SETUP_MARK = "# Colab only:"
+TIME_RE = re.compile(r"\*\*Time:\*\*\s*(?:about\s+)?(\d+)\s+minutes\.?")
+WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'.\-]*")
+EXERCISE_RE = re.compile(r"Exercise\s+(\d+)|^###\s+(\d+)\.", re.MULTILINE)
+BEGIN_MINUTES = "# BEGIN MINUTES (written by tools/course_times.py --write)"
+END_MINUTES = "# END MINUTES"
+BEGIN_SYLLABI = "<!-- BEGIN SYLLABI (written by tools/course_times.py --write; do not edit) -->"
+END_SYLLABI = "<!-- END SYLLABI -->"
+
+
+@dataclass
+class Section:
+    """One ``## `` section of a notebook and what the formula reads from it."""
+
+    heading: str
+    words: int = 0
+    code_lines: int = 0
+    cells: int = 0
+    exercise_ids: set[str] = field(default_factory=set)  # "Exercise 2" mentioned twice: one
+    tasks: int = 0
+
+    @property
+    def exercises(self) -> int:
+        return len(self.exercise_ids)
+
+    @property
+    def minutes(self) -> float:
+        """Unrounded minutes for this section, by the formula."""
+        return (
+            self.words / WORDS_PER_MIN
+            + self.code_lines / CODE_LINES_PER_MIN
+            + self.cells * MIN_PER_CELL
+            + self.exercises * MIN_PER_EXERCISE
+            + self.tasks * MIN_PER_TASK
+        )
+
+
+@dataclass
+class Estimate:
+    filename: str
+    sections: list[Section] = field(default_factory=list)
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(s, attr) for s in self.sections)
+
+    @property
+    def minutes(self) -> int:
+        return round_up(sum(s.minutes for s in self.sections))
+
+    def section(self, prefix: str) -> Section:
+        """The section whose heading starts with ``prefix`` (one sentence when there is none)."""
+        found = [s for s in self.sections if s.heading.startswith(prefix)]
+        if len(found) != 1:
+            names = ", ".join(repr(s.heading) for s in self.sections)
+            raise KeyError(
+                f"{self.filename} has {len(found)} sections starting with {prefix!r}; "
+                f"its sections are {names}"
+            )
+        return found[0]
+
+
+def round_up(minutes: float) -> int:
+    return int(math.ceil(minutes / ROUND_TO - 1e-9) * ROUND_TO)
+
+
+def _source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def _hidden(cell: dict) -> bool:
+    return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
+
+
+def estimate(path: Path) -> Estimate:
+    """Count words, code lines, cells and exercises per section of one notebook."""
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"{path} is not a readable notebook: {exc}") from exc
+    result = Estimate(path.name, [Section("Intro")])
+    for cell in cells:
+        text = _source(cell)
+        if cell.get("cell_type") == "markdown":
+            # A cell may hold several sections ("## Summary ... ## Exercises"): split it there.
+            for part in re.split(r"(?m)^(?=## )", text):
+                if part.startswith("## "):
+                    result.sections.append(Section(part.splitlines()[0][3:].strip()))
+                section = result.sections[-1]
+                # The stated time itself is not counted: writing it must not change the estimate.
+                section.words += len(WORD_RE.findall(TIME_RE.sub("", part)))
+                if section.heading.lower().startswith("exercises"):
+                    section.exercise_ids |= {a or b for a, b in EXERCISE_RE.findall(part)}
+                if part.startswith("## ") and "your turn" in part.splitlines()[0].lower():
+                    section.tasks += 1
+        elif cell.get("cell_type") == "code":
+            if text.startswith(SETUP_MARK) or _hidden(cell) or not text.strip():
+                continue
+            section = result.sections[-1]
+            section.cells += 1
+            section.code_lines += sum(1 for line in text.splitlines() if line.strip())
+    return result
+
+
+def estimates() -> dict[str, Estimate]:
+    return {p.name: estimate(p) for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))}
+
+
+# --------------------------------------------------------------------------- syllabi
+# Which parts of the course each syllabus teaches. A part is (notebook, section prefixes or
+# None for the whole notebook, exercises kept). Its minutes are the estimate of those sections;
+# the syllabus must fit its slot once the breaks are taken out.
+
+
+@dataclass(frozen=True)
+class Part:
+    notebook: str
+    sections: tuple[str, ...] | None  # heading prefixes; None: the whole notebook
+    exercises: bool = True  # False: its "Exercises" section is homework, not counted here
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Syllabus:
+    name: str
+    slot_min: int  # the time in the room, breaks included
+    break_min: int
+    parts: tuple[Part, ...]
+    skipped: str  # what this syllabus leaves out, in words
+
+
+ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
+IN_ROOM_EXERCISES = (
+    "00_start_here.ipynb",
+    "01_moving_tensors.ipynb",
+    "05_out_of_memory.ipynb",
+    "07_capstone_make_it_fit.ipynb",
+)
+
+SYLLABI: tuple[Syllabus, ...] = (
+    Syllabus(
+        "90 minutes",
+        90,
+        0,
+        (
+            Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), note="live"),
+            Part("05_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
+            Part("05_out_of_memory.ipynb", ("4.",), note="read the fixes together, run a few"),
+        ),
+        "notebooks 01-04, 06 and 07, and every exercise (give them as homework)",
+    ),
+    Syllabus(
+        "half a day (4 hours)",
+        240,
+        30,
+        (
+            Part("00_start_here.ipynb", None),
+            Part("01_moving_tensors.ipynb", None),
+            Part("05_out_of_memory.ipynb", None),
+        ),
+        "notebooks 02-04, 06 and 07 (homework, in that order)",
+    ),
+    Syllabus(
+        "a full day (8.5 hours)",
+        510,
+        90,
+        tuple(Part(name, None, exercises=name in IN_ROOM_EXERCISES) for name in ALL),
+        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room)",
+    ),
+)
+
+
+def part_sections(part: Part, est: Estimate) -> list[Section]:
+    if part.sections is None:
+        found = list(est.sections)
+    else:
+        found = [est.section(prefix) for prefix in part.sections]
+    if not part.exercises:
+        found = [s for s in found if not s.heading.lower().startswith("exercises")]
+    return found
+
+
+def syllabus_rows(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[tuple[str, str, int]]:
+    """(notebook, what is taught, minutes) for each part of ``syllabus``."""
+    rows = []
+    for part in syllabus.parts:
+        if part.notebook not in ests:
+            raise KeyError(f"syllabus {syllabus.name!r} names {part.notebook}, which is not here")
+        sections = part_sections(part, ests[part.notebook])
+        minutes = round_up(sum(s.minutes for s in sections))
+        exercises = sum(s.exercises for s in sections)
+        if part.sections is None:
+            what = "the whole notebook"
+        else:
+            what = "; ".join(s.heading for s in sections)
+        if exercises:
+            what += f", with its exercises ({exercises})"
+        elif not part.exercises:
+            what += ", exercises as homework"
+        if part.note:
+            what += f" ({part.note})"
+        rows.append((part.notebook, what, minutes))
+    return rows
+
+
+def check_syllabus(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[str]:
+    teaching = sum(m for _, _, m in syllabus_rows(syllabus, ests))
+    room = syllabus.slot_min - syllabus.break_min
+    if teaching > room:
+        return [
+            f"syllabus {syllabus.name!r} needs {teaching} min of teaching but has {room} min "
+            f"({syllabus.slot_min} min less {syllabus.break_min} min of breaks): cut a part"
+        ]
+    return []
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_times_md(ests: dict[str, Estimate]) -> str:
+    lines = [
+        "# How long each notebook takes",
+        "",
+        "Written by `python tools/course_times.py --write` from the notebooks themselves; do not",
+        "edit by hand. `python tools/course_times.py --check` (run by `tests/test_course_times.py`)",
+        "fails when a stated time (in `course.py`, a notebook's first cell, the README or the",
+        "syllabi of the [instructor guide](instructor-guide.md)) disagrees with this estimate.",
+        "",
+        "## The formula",
+        "",
+        f"- **Reading**: the words of the markdown cells at {WORDS_PER_MIN} words a minute "
+        "(technical prose read with care).",
+        f"- **Code**: the non-blank lines of the code cells a learner runs, at "
+        f"{CODE_LINES_PER_MIN} lines a minute (read and understood, not typed).",
+        f"- **Running**: {MIN_PER_CELL:g} minutes per code cell (run it, wait, look at the "
+        "output).",
+        f"- **Exercises**: {MIN_PER_EXERCISE} minutes per exercise (try, run the checker, read "
+        "the hint, try again). Collapsed solution cells count here, not as code to read.",
+        f"- **Tasks**: {MIN_PER_TASK} minutes per open task, a `## ... Your turn` section (the "
+        "capstone's: design a solution, run it, measure, retry).",
+        "",
+        "The Colab setup cell is not counted. A notebook's time is the sum over its sections,",
+        f"rounded up to {ROUND_TO} minutes. The time the cells take to compute is not in the "
+        "formula:",
+        "`python tools/run_notebooks.py --cpu notebooks/NN_name.ipynb` prints it for a machine.",
+        "",
+        "## Inputs and estimate per notebook",
+        "",
+        "| notebook | words | code lines | code cells | exercises | tasks | minutes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, est in ests.items():
+        lines.append(
+            f"| `{name}` | {est.total('words')} | {est.total('code_lines')} | "
+            f"{est.total('cells')} | {est.total('exercises')} | {est.total('tasks')} | "
+            f"{est.minutes} |"
+        )
+    total = sum(e.minutes for e in ests.values())
+    lines += [
+        f"| **all** | {sum(e.total('words') for e in ests.values())} | "
+        f"{sum(e.total('code_lines') for e in ests.values())} | "
+        f"{sum(e.total('cells') for e in ests.values())} | "
+        f"{sum(e.total('exercises') for e in ests.values())} | "
+        f"{sum(e.total('tasks') for e in ests.values())} | **{total}** "
+        f"({total / 60:.1f} h) |",
+        "",
+        "## Per section",
+        "",
+        "Unrounded minutes, for building a syllabus of your own.",
+        "",
+    ]
+    for name, est in ests.items():
+        lines += [f"### `{name}`", "", "| section | minutes |", "| --- | ---: |"]
+        lines += [f"| {s.heading} | {s.minutes:.1f} |" for s in est.sections]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_syllabi(ests: dict[str, Estimate]) -> str:
+    out = [BEGIN_SYLLABI, ""]
+    for syllabus in SYLLABI:
+        rows = syllabus_rows(syllabus, ests)
+        teaching = sum(m for _, _, m in rows)
+        out += [
+            f"### {syllabus.name[0].upper()}{syllabus.name[1:]}",
+            "",
+            f"{teaching} minutes of teaching by the estimate"
+            + (f", plus {syllabus.break_min} minutes of breaks" if syllabus.break_min else "")
+            + f", in a {syllabus.slot_min}-minute slot. Left out: {syllabus.skipped}.",
+            "",
+            "| notebook | what | minutes |",
+            "| --- | --- | ---: |",
+        ]
+        out += [f"| `{nb}` | {what} | {m} |" for nb, what, m in rows]
+        out.append("")
+    out.append(END_SYLLABI)
+    return "\n".join(out)
+
+
+def minutes_block(ests: dict[str, Estimate]) -> str:
+    body = "".join(f'    "{name}": {est.minutes},\n' for name, est in ests.items())
+    return f"{BEGIN_MINUTES}\nMINUTES: dict[str, int] = {{\n{body}}}\n{END_MINUTES}"
+
+
+def _replace_between(text: str, begin: str, end: str, new: str, where: Path) -> str:
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"{where} has no block between {begin!r} and {end!r}")
+    return pattern.sub(lambda _: new, text, count=1)
+
+
+# --------------------------------------------------------------------------- check / write
+
+
+def stated_time(path: Path) -> int | None:
+    """The minutes a notebook's first markdown cell states, or None when it states none."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    first = next((c for c in cells if c.get("cell_type") == "markdown"), None)
+    found = TIME_RE.search(_source(first)) if first else None
+    return int(found.group(1)) if found else None
+
+
+def _is_course_row(line: str, name: str) -> bool:
+    """A row of the README's course table: ``| NN | [`NN_name.ipynb`](...) ... | N min | ...``."""
+    return bool(re.match(r"\| \d\d \| ", line)) and name in line
+
+
+def notebook_problems(name: str, est: Estimate) -> list[str]:
+    """Where notebook ``name``'s first cell disagrees with the estimate, one sentence each."""
+    stated = stated_time(NOTEBOOKS / name)
+    if stated != est.minutes:
+        return [f"{name} states {stated} minutes in its first cell; the estimate is {est.minutes}"]
+    return []
+
+
+def other_problems(ests: dict[str, Estimate]) -> list[str]:
+    """Where course.py, the README, docs/times.md or the syllabi disagree with the estimate."""
+    out = []
+    sys.path.insert(0, str(ROOT / "src"))
+    from tutorial_utils import course
+
+    if set(course.MINUTES) != set(ests):
+        out.append(
+            f"course.MINUTES lists {sorted(course.MINUTES)}, the notebooks are {sorted(ests)}"
+        )
+    readme = README.read_text(encoding="utf-8")
+    for name, est in ests.items():
+        if course.MINUTES.get(name) != est.minutes:
+            out.append(
+                f"course.py gives {name} {course.MINUTES.get(name)} minutes; "
+                f"the estimate is {est.minutes}"
+            )
+        row = next((ln for ln in readme.splitlines() if _is_course_row(ln, name)), "")
+        if f"| {est.minutes} min |" not in row:
+            out.append(f"README.md's table does not give {name} {est.minutes} min")
+    if not TIMES_MD.exists() or TIMES_MD.read_text(encoding="utf-8") != render_times_md(ests):
+        out.append(f"{TIMES_MD.name} is out of date")
+    guide = GUIDE_MD.read_text(encoding="utf-8") if GUIDE_MD.exists() else ""
+    if render_syllabi(ests) not in guide:
+        out.append(f"the syllabi in {GUIDE_MD.name} are out of date")
+    for syllabus in SYLLABI:
+        out += check_syllabus(syllabus, ests)
+    return out
+
+
+def problems(ests: dict[str, Estimate]) -> list[str]:
+    """Every place where a stated time disagrees with the estimate, one sentence each."""
+    found = [p for name, est in ests.items() for p in notebook_problems(name, est)]
+    return found + other_problems(ests)
+
+
+def write(ests: dict[str, Estimate], notebooks: list[str] | None = None) -> list[str]:
+    """Rewrite every stated time from ``ests``; ``notebooks`` limits which notebooks are touched."""
+    changed = []
+    for name, est in ests.items():
+        if notebooks is not None and name not in notebooks:
+            continue
+        path = NOTEBOOKS / name
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        first = next(c for c in nb["cells"] if c.get("cell_type") == "markdown")
+        old = _source(first)
+        new = TIME_RE.sub(f"**Time:** about {est.minutes} minutes.", old, count=1)
+        if not TIME_RE.search(old):
+            raise ValueError(f"{name}'s first cell has no '**Time:** N minutes' line to rewrite")
+        if new != old:
+            first["source"] = new.splitlines(keepends=True)
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            changed.append(name)
+    course_py = COURSE_PY.read_text(encoding="utf-8")
+    new_course = _replace_between(
+        course_py, BEGIN_MINUTES, END_MINUTES, minutes_block(ests), COURSE_PY
+    )
+    readme = README.read_text(encoding="utf-8")
+    lines = readme.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        for name, est in ests.items():
+            if _is_course_row(line, name):
+                lines[i] = re.sub(r"\| \d+ min \|", f"| {est.minutes} min |", line, count=1)
+    guide = GUIDE_MD.read_text(encoding="utf-8")
+    outputs = {
+        COURSE_PY: new_course,
+        README: "".join(lines),
+        TIMES_MD: render_times_md(ests),
+        GUIDE_MD: _replace_between(
+            guide, BEGIN_SYLLABI, END_SYLLABI, render_syllabi(ests), GUIDE_MD
+        ),
+    }
+    for path, text in outputs.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if any stated time disagrees")
+    mode.add_argument("--write", action="store_true", help="rewrite every stated time")
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="NOTEBOOK",
+        help="with --write: touch only this notebook file (repeatable); the docs are written whole",
+    )
+    args = parser.parse_args(argv)
+    if args.only and not args.write:
+        parser.error("--only goes with --write")
+    ests = estimates()
+    if args.only:
+        unknown = [n for n in args.only if n not in ests]
+        if unknown:
+            parser.error(f"no such notebook in notebooks/: {', '.join(unknown)}")
+    if args.write:
+        changed = write(ests, args.only)
+        for name in changed:
+            print("updated", name)
+        if "src/tutorial_utils/course.py" in changed:
+            print(
+                "course.MINUTES changed, and notebook 00 shows them in a table: re-execute it with "
+                "python tools/run_notebooks.py --cpu --inplace notebooks/00_start_here.ipynb"
+            )
+        return 0
+    if args.check:
+        found = problems(ests)
+        for line in found:
+            print(line)
+        if found:
+            print("run: python tools/course_times.py --write")
+        return 1 if found else 0
+    for name, est in ests.items():
+        print(f"{name:50} {est.minutes:4d} min")
+        for s in est.sections:
+            print(f"    {s.heading[:60]:60} {s.minutes:5.1f}")
+    total = sum(e.minutes for e in ests.values())
+    print(f"{'all':50} {total:4d} min ({total / 60:.1f} h)")
+    for syllabus in SYLLABI:
+        rows = syllabus_rows(syllabus, ests)
+        print(f"syllabus {syllabus.name}: {sum(m for *_, m in rows)} min of teaching")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
