@@ -50,7 +50,8 @@ def fake_cuda(monkeypatch):
 
 @pytest.fixture
 def cuda_build_without_driver(monkeypatch):
-    """A CUDA build of torch on a machine with no NVIDIA driver: is_available() warns and says False."""
+    """A CUDA build of torch on a machine with no NVIDIA driver: is_available() warns and says
+    False."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 

@@ -1,4 +1,5 @@
-"""Every notebook carries the course's Colab badge and setup cell, and is committed ready for strict nbval."""
+"""Every notebook carries the course's Colab badge and setup cell, and is committed ready for
+strict nbval."""
 
 import json
 import re
@@ -51,7 +52,8 @@ def test_badge_and_setup_cell(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_with_cpu_outputs(path):
-    """Strict nbval only compares cells that have stored outputs; a stripped notebook would pass silently."""
+    """Strict nbval only compares cells that have stored outputs; a stripped notebook would pass
+    silently."""
     for i, cell in enumerate(cells(path)):
         if cell["cell_type"] != "code" or not source(cell).strip():
             continue

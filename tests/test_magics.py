@@ -31,7 +31,9 @@ def test_peak_and_delta_are_exact(shell, capsys):
 
 def test_docstring_example(shell, capsys):
     shell.run_cell(
-        "%%peak\na = torch.randn(1024, 1024)      # 4 MiB, kept\nb = (a @ a).sum()                # a 4 MiB temporary, freed\n"
+        "%%peak\n"
+        "a = torch.randn(1024, 1024)      # 4 MiB, kept\n"
+        "b = (a @ a).sum()                # a 4 MiB temporary, freed\n"
     ).raise_error()
     assert capsys.readouterr().out == "peak +8.00 MiB, delta +4.00 MiB (cpu, exact)\n"
 

@@ -21,7 +21,10 @@ def format_bytes(nbytes: float | int | None, precision: int = 2) -> str:
 
 
 def parse_bytes(text: str | int | float) -> int:
-    """``parse_bytes('1.5 GiB') == 1610612736``. Accepts B, KiB/MiB/GiB/TiB, and KB/MB/GB/TB (powers of 1000)."""
+    """``parse_bytes('1.5 GiB') == 1610612736``.
+
+    Accepts B, KiB/MiB/GiB/TiB, and KB/MB/GB/TB (powers of 1000).
+    """
     if isinstance(text, (int, float)):
         return int(text)
     s = text.strip().replace("_", "")
