@@ -84,6 +84,7 @@ def test_notebook_shape(path):
     assert "Summary" in text, f"{path.name}: no Summary section"
 
 
+@pytest.mark.slow  # a Python process that reads every notebook: a few seconds
 def test_sync_colab_check_passes():
     proc = subprocess.run(
         [sys.executable, "tools/sync_colab.py", "--check"], cwd=ROOT, capture_output=True, text=True

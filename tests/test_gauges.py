@@ -164,6 +164,7 @@ def test_kernel_exit_hook_stops_running_gauges():
     assert not gauge.running and gauge_threads() == []
 
 
+@pytest.mark.slow  # a Python process that imports torch
 def test_interpreter_exits_with_a_running_gauge(tmp_path):
     """A kernel shutting down with a gauge still running: the process ends, quietly."""
     import subprocess
