@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -14,7 +16,10 @@ def shell():
     ip.run_cell("%load_ext tutorial_utils", store_history=False).raise_error()
     ip.run_cell("import torch", store_history=False).raise_error()
     yield ip
+    # Free what the cells made: later tests (memory.budget) count every live CPU tensor.
+    ip.reset(new_session=False)
     InteractiveShell.clear_instance()
+    gc.collect()
 
 
 def test_peak_and_delta_are_exact(shell, capsys):
