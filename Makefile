@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test unit nbval lint format execute gpu-check gpu-wheels lock clean browser-deps bench
+.PHONY: lab test quick unit nbval lint format execute gpu-check gpu-wheels lock clean browser-deps bench
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -23,16 +23,24 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(BIN)/python -m tutorial_utils lab $(if $(NO_BROWSER),--no-browser,)
 
+# Notebooks first: they are the longest files (03, 04, 06, 07 take minutes on 2 cores), so each
+# worker starts on one and the short unit-test files fill in at the end instead of waiting on them.
 test: $(STAMP) browser-deps
 	$(MAKE) lint
-	$(BIN)/python -m pytest tests notebooks $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
+	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
 
 # The browser test drives JupyterLab in Debian's Chromium: install it with apt when missing (as root).
 browser-deps:
 	-@sh scripts/ensure_chromium.sh
 
+# The loop while editing: unit tests without the slow ones (torchrun launches, subprocesses that
+# import torch, Jupyter kernels and servers, the profiler, the browser, repo2docker). Unit tests
+# need no nbval: -p no:nbval saves each worker the seconds nbformat's schema checks take to import.
+quick: $(STAMP)
+	$(BIN)/python -m pytest tests -m "not slow" -q -n 2 --dist loadfile -p no:nbval
+
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile -p no:nbval
 
 nbval: $(STAMP)
 	$(BIN)/python -m pytest notebooks $(NBVAL_ARGS) -n 2 --dist loadfile --durations=20

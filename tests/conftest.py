@@ -48,9 +48,99 @@ def fake_cuda(monkeypatch):
     return state
 
 
+class FakeAllocator:
+    """torch.cuda's caching-allocator counters, one set per fake GPU, moved by hand.
+
+    ``alloc(n, device)`` books ``n`` bytes (negative frees them): ``allocated`` follows, ``peak``
+    and ``reserved`` only grow, as the real counters do; ``reset_peak_memory_stats`` brings the
+    peak down to what is allocated, ``empty_cache`` the reserved pool. A test may also set
+    ``reserved[i]`` (the cache keeps freed blocks) or ``current`` (``torch.cuda.current_device``).
+    ``log`` gets ``"sync"`` at every ``torch.cuda.synchronize`` (a test may add its own entries
+    to see the order), ``synced`` the device index each one waited for.
+    """
+
+    def __init__(self, machine: types.SimpleNamespace):
+        self.machine = machine  # fake_cuda's state: count, total, free
+        self.current = 0
+        self.allocated: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+        self.reserved: dict[int, int] = {}
+        self.fraction = 1.0  # torch's default: the whole device
+        self.fractions_set: list[float] = []
+        self.log: list[str] = []
+        self.synced: list[int] = []
+
+    def index(self, device=None) -> int:
+        """The GPU index that ``device`` (None, an int, a string or a torch.device) names."""
+        if device is None:
+            i = self.current
+        elif isinstance(device, int):
+            i = device
+        else:
+            device = torch.device(device)
+            i = self.current if device.index is None else device.index
+        if not 0 <= i < self.machine.count:
+            raise AssertionError("Invalid device id")
+        return i
+
+    def alloc(self, nbytes: int, device=0) -> None:
+        i = self.index(device)
+        self.allocated[i] = self.allocated.get(i, 0) + nbytes
+        self.peak[i] = max(self.peak.get(i, 0), self.allocated[i])
+        self.reserved[i] = max(self.reserved.get(i, 0), self.allocated[i])
+
+    def install(self, monkeypatch) -> FakeAllocator:
+        cuda = torch.cuda
+
+        def synchronize(device=None):
+            self.synced.append(self.index(device))
+            self.log.append("sync")
+
+        def reset_peak(device=None):
+            i = self.index(device)
+            self.peak[i] = self.allocated.get(i, 0)
+
+        def empty_cache():
+            for i in self.reserved:
+                self.reserved[i] = self.allocated.get(i, 0)
+
+        def set_fraction(fraction, device=None):
+            self.index(device)
+            self.fraction = fraction
+            self.fractions_set.append(fraction)
+
+        counter = {"allocated": self.allocated, "peak": self.peak, "reserved": self.reserved}
+        for name, key in [
+            ("memory_allocated", "allocated"),
+            ("max_memory_allocated", "peak"),
+            ("memory_reserved", "reserved"),
+            ("max_memory_reserved", "reserved"),
+        ]:
+            monkeypatch.setattr(
+                cuda, name, lambda device=None, key=key: counter[key].get(self.index(device), 0)
+            )
+        monkeypatch.setattr(cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(cuda, "synchronize", synchronize)
+        monkeypatch.setattr(cuda, "reset_peak_memory_stats", reset_peak)
+        monkeypatch.setattr(cuda, "empty_cache", empty_cache)
+        monkeypatch.setattr(
+            cuda, "get_per_process_memory_fraction", lambda device=None: self.fraction
+        )
+        monkeypatch.setattr(cuda, "set_per_process_memory_fraction", set_fraction)
+        return self
+
+
+@pytest.fixture
+def fake_allocator(fake_cuda, monkeypatch) -> FakeAllocator:
+    """A CUDA machine (``fake_cuda``: 2 GPUs of 16 GiB) whose allocator counters a test moves
+    by hand: ``fake_allocator.alloc(n, device)``. See ``FakeAllocator``."""
+    return FakeAllocator(fake_cuda).install(monkeypatch)
+
+
 @pytest.fixture
 def cuda_build_without_driver(monkeypatch):
-    """A CUDA build of torch on a machine with no NVIDIA driver: is_available() warns and says False."""
+    """A CUDA build of torch on a machine with no NVIDIA driver: is_available() warns and says
+    False."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 

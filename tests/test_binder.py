@@ -1,4 +1,5 @@
-"""Binder's configuration builds (checked by repo2docker without Docker) and matches the tested pins."""
+"""Binder's configuration builds (checked by repo2docker without Docker) and matches the tested
+pins."""
 
 import re
 import shutil
@@ -80,7 +81,6 @@ def test_environment_yml_lists_the_same_packages():
         "psutil",
         "nvidia-ml-py",
         "gputil",
-        "tqdm",
         "setuptools",
         "ipython",
     }

@@ -43,7 +43,10 @@ CHROMIUM_FLAGS = [
 
 def _missing() -> str | None:
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        return f"Chromium is not installed at {CHROMIUM} (run scripts/ensure_chromium.sh, or apt-get install chromium)"
+        return (
+            f"Chromium is not installed at {CHROMIUM} "
+            "(run scripts/ensure_chromium.sh, or apt-get install chromium)"
+        )
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
@@ -210,7 +213,8 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
 
                 page.wait_for_selector(".tu-gauge-used", state="attached", timeout=120_000)
                 page.wait_for_function(
-                    "() => (document.querySelector('.tu-gauge-header') || {}).textContent.includes('running')",
+                    "() => (document.querySelector('.tu-gauge-header') || {})"
+                    ".textContent.includes('running')",
                     timeout=60_000,
                 )
                 time.sleep(1.0)

@@ -1,4 +1,5 @@
-"""Every notebook carries the course's Colab badge, setup cell and metadata, ready for strict nbval."""
+"""Every notebook carries the course's Colab badge and setup cell, and is committed ready for
+strict nbval."""
 
 import json
 import re
@@ -67,7 +68,7 @@ def test_badge_and_setup_cell(path):
 
 @pytest.mark.parametrize("path", synced(NOTEBOOKS), ids=lambda p: p.name)
 def test_kernelspec_and_colab_runtime(path):
-    """Every notebook names its kernel; the ones with GPU cells worth a GPU open a Colab GPU runtime."""
+    """Every notebook names its kernel; those with GPU cells worth a GPU open a GPU runtime."""
     metadata = json.loads(path.read_text())["metadata"]
     assert metadata.get("kernelspec") == course.KERNELSPEC, (
         f"{path.name} has kernelspec {metadata.get('kernelspec')!r}: run tools/sync_colab.py"
@@ -125,7 +126,8 @@ def test_readme_binder_badge_opens_notebook_00_at_the_release():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_with_cpu_outputs(path):
-    """Strict nbval only compares cells that have stored outputs; a stripped notebook would pass silently."""
+    """Strict nbval only compares cells that have stored outputs; a stripped notebook would pass
+    silently."""
     for i, cell in enumerate(cells(path)):
         if cell["cell_type"] != "code" or not source(cell).strip():
             continue
@@ -156,6 +158,7 @@ def test_notebook_shape(path):
     assert "Summary" in text, f"{path.name}: no Summary section"
 
 
+@pytest.mark.slow  # a Python process that reads every notebook: a few seconds
 def test_sync_colab_check_passes():
     done = [p.name for p in NOTEBOOKS if p.name not in AWAITING_TOOLS]
     only = [arg for name in done for arg in ("--only", name)]

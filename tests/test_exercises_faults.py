@@ -1,7 +1,8 @@
 """The fault table of issue 11: wrong answers that checkers let through, and bad checker arguments.
 
 Each row names a wrong answer, what the checker did with it before the fix (on main at commit
-2329792, the code before this work: "passed", "rejected", or the exception it crashed with) and what it must do now: every
+2329792, the code before this work: "passed", "rejected", or the exception it crashed with)
+and what it must do now: every
 wrong answer is rejected with a ``Feedback`` that did not pass, and every bad argument from the
 notebook raises one sentence (``ValueError`` or ``DeviceUnavailableError``).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -99,13 +100,32 @@ def _reference_params() -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
-@pytest.mark.slow
-def test_ddp_checker_finds_both_bugs_and_passes_the_solution():
-    ref = _reference_params()
-    buggy = check_ddp_script(SCRIPTS / "ddp_exercise.py", ref)
-    assert not buggy.passed
-    text = str(buggy)
-    assert "set_epoch" in text and "differ from single-process training" in text
-    assert check_ddp_script(SCRIPTS / "ddp_exercise_solution.py", ref).passed
-    crashed = check_ddp_script(SCRIPTS / "crash_demo.py", ref, timeout=120)
+@pytest.mark.slow  # a torchrun launch of two ranks
+def test_ddp_checker_reports_a_job_that_did_not_finish():
+    crashed = check_ddp_script(SCRIPTS / "crash_demo.py", _reference_params(), timeout=120)
     assert not crashed.passed and "did not finish" in str(crashed) and "rank 1" in str(crashed)
+
+
+def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
+    """The checker's verdicts on ddp_exercise.py (both bugs found) and on its solution (passed)
+    are cells of notebook 03, which strict nbval runs and compares in ``make test``: two torchrun
+    launches a unit test would only repeat. This keeps those cells from going away unnoticed."""
+    nb = json.loads((SCRIPTS.parent / "03_data_parallelism.ipynb").read_text())
+
+    def shown(output: dict) -> str:  # printed text or a value's repr
+        return "".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
+
+    cells = [
+        ("".join(c["source"]), "".join(shown(o) for o in c["outputs"]))
+        for c in nb["cells"]
+        if c["cell_type"] == "code"
+    ]
+    buggy = [out for src, out in cells if 'check_ddp_script("scripts/ddp_exercise.py"' in src]
+    assert buggy, "notebook 03 no longer runs check_ddp_script on scripts/ddp_exercise.py"
+    assert "set_epoch" in buggy[0] and "differ from single-process training" in buggy[0]
+    solved = [
+        src
+        for src, _ in cells
+        if 'check_ddp_script("scripts/ddp_exercise_solution.py"' in src and "assert_passed()" in src
+    ]
+    assert solved, "notebook 03 no longer asserts that the DDP solution passes its checker"

@@ -331,6 +331,7 @@ def test_shape_tensor_rejects_wrong_answers(result):
     assert rejected(creating.check_shape_tensor(shape_tensor))
 
 
+@pytest.mark.slow  # 30 examples, each measured twice by memory.measure: 10-40 s on 2 busy cores
 @PROPERTY
 @given(
     result=st.one_of(

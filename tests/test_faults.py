@@ -2,7 +2,8 @@
 
 Each row is a fault found by using the course as a hostile user would: what the code did before
 the fix, and what it does now. "Before" was measured with the same probe the row's test runs
-(``tests/fault_probes.py``), on main at 2329792 (the code before this work), 2026-12-01, on a 2-core CPU machine shared with
+(``tests/fault_probes.py``), on main at 2329792 (the code before this work), 2026-12-01, on a
+2-core CPU machine shared with
 other jobs::
 
     git archive 2329792 src | tar -x -C /tmp/before

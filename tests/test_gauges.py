@@ -164,6 +164,7 @@ def test_kernel_exit_hook_stops_running_gauges():
     assert not gauge.running and gauge_threads() == []
 
 
+@pytest.mark.slow  # a Python process that imports torch
 def test_interpreter_exits_with_a_running_gauge(tmp_path):
     """A kernel shutting down with a gauge still running: the process ends, quietly."""
     import subprocess
@@ -444,12 +445,12 @@ def test_plot_marks_the_peak():
 # ------------------------------------------------------------------ headless notebooks
 
 
-@pytest.mark.slow
-def test_strict_nbval_passes_on_a_notebook_with_a_running_gauge(tmp_path):
-    """Execute a notebook with a live gauge, then compare it again with strict nbval."""
-    import subprocess
-    import sys
-
+@pytest.mark.slow  # starts a Jupyter kernel that imports torch
+def test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs():
+    """Execute a notebook with a live gauge: every cell's output is exactly what the cell printed,
+    so strict nbval can compare it. (``make test`` runs strict nbval itself on notebook 00, whose
+    cells run with a gauge on; a second nbval run here would only repeat that, at a kernel's cost.)
+    """
     import nbformat
     from nbclient import NotebookClient
 
@@ -475,24 +476,4 @@ def test_strict_nbval_passes_on_a_notebook_with_a_running_gauge(tmp_path):
     assert plain(nb.cells[1]) == ["work done\n"]  # nothing from the gauge's thread
     assert plain(nb.cells[2]) == ["True"]
     assert plain(nb.cells[3]) == plain(nb.cells[0])
-    path = tmp_path / "gauge.ipynb"
-    nbformat.write(nb, path)
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--nbval",
-            "--nbval-current-env",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            str(path),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert "4 passed" in run.stdout
+    assert all(len(cell.outputs) == 1 for cell in nb.cells)  # no stray stream or display

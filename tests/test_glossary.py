@@ -1,4 +1,4 @@
-"""docs/glossary.md: every term the course needs is there, and every link lands on a real heading."""
+"""docs/glossary.md: every term the course needs is there; every link lands on a real heading."""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -14,7 +16,10 @@ def shell():
     ip.run_cell("%load_ext tutorial_utils", store_history=False).raise_error()
     ip.run_cell("import torch", store_history=False).raise_error()
     yield ip
+    # Free what the cells made: later tests (memory.budget) count every live CPU tensor.
+    ip.reset(new_session=False)
     InteractiveShell.clear_instance()
+    gc.collect()
 
 
 def test_peak_and_delta_are_exact(shell, capsys):
@@ -31,7 +36,9 @@ def test_peak_and_delta_are_exact(shell, capsys):
 
 def test_docstring_example(shell, capsys):
     shell.run_cell(
-        "%%peak\na = torch.randn(1024, 1024)      # 4 MiB, kept\nb = (a @ a).sum()                # a 4 MiB temporary, freed\n"
+        "%%peak\n"
+        "a = torch.randn(1024, 1024)      # 4 MiB, kept\n"
+        "b = (a @ a).sum()                # a 4 MiB temporary, freed\n"
     ).raise_error()
     assert capsys.readouterr().out == "peak +8.00 MiB, delta +4.00 MiB (cpu, exact)\n"
 

@@ -215,26 +215,28 @@ def test_torch_source_on_cpu_counts_new_tensors_exactly():
     assert after.peak_bytes >= before.used_bytes + 4 * MiB
 
 
-def test_torch_source_reads_each_cuda_device(fake_cuda, monkeypatch):
-    peaks = {0: 3 * MiB, 1: 6 * MiB}
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: None)
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda i=None: None)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i=None: (i + 1) * MiB)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i=None: (i + 1) * 2 * MiB)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i=None: peaks[i])
+def test_torch_source_reads_each_cuda_device(fake_allocator, monkeypatch):
+    gpu = fake_allocator
+    gpu.alloc(5 * MiB, 1)  # before open(): not part of the source's peak
+    gpu.alloc(-5 * MiB, 1)
     src = TorchSource()
     src.open()
     assert src.available, src.reason
+    gpu.alloc(1 * MiB, 0)
+    gpu.alloc(6 * MiB, 1)
+    gpu.alloc(-4 * MiB, 1)
+    gpu.reserved[1] = 8 * MiB  # the cache keeps the blocks it once held
     rows = src.read()
     assert [r.label for r in rows] == ["cuda:0", "cuda:1"]
+    assert (rows[0].used_bytes, rows[0].reserved_bytes, rows[0].peak_bytes) == (MiB, MiB, MiB)
     assert (rows[1].used_bytes, rows[1].reserved_bytes, rows[1].peak_bytes) == (
         2 * MiB,
-        4 * MiB,
+        8 * MiB,
         6 * MiB,
     )
     assert rows[0].total_bytes == 16 * GiB
 
-    def lost(i=None):
+    def lost(device=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(torch.cuda, "memory_allocated", lost)

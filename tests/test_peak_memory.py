@@ -1,4 +1,4 @@
-"""tools/peak_memory.py: the peak of a whole process tree, children included, and the exit status."""
+"""tools/peak_memory.py: the peak of a whole process tree, children included; the exit status."""
 
 from __future__ import annotations
 

@@ -135,7 +135,8 @@ def test_a_tool_started_from_a_thread_dies_with_its_parent():
     code = (
         "import os, sys, threading, time\n"
         "from tutorial_utils import processes\n"
-        "threading.Thread(target=processes.run, args=(['sleep', '300'], 600), daemon=True).start()\n"
+        "args = (['sleep', '300'], 600)\n"
+        "threading.Thread(target=processes.run, args=args, daemon=True).start()\n"
         "time.sleep(30)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code])

@@ -128,13 +128,10 @@ def test_missing_gpu_says_so():
 
 
 @pytest.fixture
-def cuda_clock(monkeypatch):
-    """Pretend cuda:0 exists (through the public resolver); record every synchronize and event
-    call in order."""
-    log: list[str] = []
-    monkeypatch.setattr(devices, "resolve", lambda *args, **kwargs: torch.device("cuda", 0))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+def cuda_clock(fake_allocator, monkeypatch):
+    """A CUDA machine (conftest's fake allocator, found by the public resolver); ``log`` records
+    every synchronize and event call in order."""
+    log = fake_allocator.log
 
     class FakeEvent:
         def __init__(self, enable_timing: bool = False):
@@ -246,15 +243,13 @@ def test_time_with_benchmark_returns_a_timing():
         time_with_benchmark(lambda: None, min_run_time=0)
 
 
-def test_default_device_is_the_gpu_when_there_is_one(fake_cuda, monkeypatch):
+def test_default_device_is_the_gpu_when_there_is_one(fake_allocator):
     """With CUDA present (mocked by conftest), device=None must synchronize the current GPU."""
-    sync = mock.Mock()
-    monkeypatch.setattr(torch.cuda, "synchronize", sync)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    fake_allocator.current = 1
     t = time_it(lambda: None, warmup=0, repeat=3, number=1, method="sync")
     assert t.device == torch.device("cuda", 1)
-    assert sync.call_count == 1 + 2 * 3  # after warm-up, then before and after each sample
-    assert all(call.args == (torch.device("cuda", 1),) for call in sync.call_args_list)
+    # after warm-up, then before and after each sample; always the current GPU
+    assert fake_allocator.synced == [1] * (1 + 2 * 3)
 
 
 @given(st.lists(st.floats(min_value=1e-9, max_value=1e3), min_size=1, max_size=50))

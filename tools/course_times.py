@@ -275,7 +275,8 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
         "# How long each notebook takes",
         "",
         "Written by `python tools/course_times.py --write` from the notebooks themselves; do not",
-        "edit by hand. `python tools/course_times.py --check` (run by `tests/test_course_times.py`)",
+        "edit by hand. `python tools/course_times.py --check` "
+        "(run by `tests/test_course_times.py`)",
         "fails when a stated time (in `course.py`, a notebook's first cell, the README or the",
         "syllabi of the [instructor guide](instructor-guide.md)) disagrees with this estimate.",
         "",

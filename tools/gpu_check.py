@@ -48,8 +48,9 @@ import gpu_wheels  # noqa: E402
 SCHEMA = 1
 # Longest first, so three lanes finish together (times seen on a CPU: 03 and 04 launch torchrun).
 NOTEBOOK_ORDER = ("03", "04", "05", "06", "07", "01", "00", "02")
-# Unit tests that need the development stack the GPU machine lacks (browser, JupyterLab, nbval,
-# repo2docker): not collected there when their module is missing, and the summary says which.
+# Unit tests that need the development stack the GPU machine lacks (browser, JupyterLab,
+# repo2docker, a kernel runner): not collected there when their module is missing, and the
+# summary says which.
 DEV_ONLY_TESTS = {
     "playwright": ["tests/test_browser.py"],
     "repo2docker": ["tests/test_binder.py"],
@@ -58,7 +59,9 @@ DEV_ONLY_TESTS = {
         "tests/test_doctor.py::test_require_exit_codes",  # `--require widgets` wants JupyterLab
         "tests/test_doctor.py::test_cli_end_to_end",
     ],
-    "nbval": ["tests/test_gauges.py::test_strict_nbval_passes_on_a_notebook_with_a_running_gauge"],
+    "nbclient": [
+        "tests/test_gauges.py::test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs"
+    ],
 }
 
 _PROBE = r"""

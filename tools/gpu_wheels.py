@@ -100,7 +100,6 @@ ON_TARGET = frozenset(
         "sortedcontainers",
         "sympy",
         "torch",
-        "tqdm",
         "typing-extensions",
         "urllib3",
     }

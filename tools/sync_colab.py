@@ -1,4 +1,4 @@
-"""Give every notebook the Colab badge, setup cell and metadata that match ``tutorial_utils.course``.
+"""Give every notebook the Colab badge, setup cell and metadata of ``tutorial_utils.course``.
 
     python tools/sync_colab.py                    # rewrite notebooks/*.ipynb in place
     python tools/sync_colab.py --check            # exit 1 if any notebook is out of date

@@ -1,9 +1,25 @@
 """Helpers for the PyTorch GPU memory and multi-GPU notebooks.
 
-Each module has one job: ``devices`` (find and pick devices), ``memory`` (exact memory
-measurement and estimation), ``monitor`` and ``gauges`` (live readings), ``timing``,
-``distributed`` (launch torchrun from a notebook), ``models`` (seeded demo models),
-``exercises`` (checkers) and ``doctor`` (the environment). Import the module you need::
+Each module has one job:
+
+* ``devices``: find, describe and pick devices (CUDA, MPS, CPU); the one device resolver
+* ``memory``: exact memory measurement, a training step's breakdown, estimates, budgets
+* ``nvml``: NVIDIA's management library (what ``nvidia-smi`` reads) without hangs or tracebacks
+* ``monitor``: sources of live readings (NVML, the torch allocator, GPUtil, psutil)
+* ``gauges``: ``LiveGauge``, live bars and a timeline from those sources
+* ``magics``: the ``%%peak`` cell magic (``%load_ext tutorial_utils``)
+* ``timing``: timing that is right on GPUs (synchronize, events, warm-up, median)
+* ``distributed``: launch a script with torchrun from a notebook
+* ``processes``: child processes that die with their parent; external calls with a timeout
+* ``models``: the small seeded demo models the notebooks share
+* ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
+* ``recorded``: GPU results recorded on a real machine, shown beside their cells
+* ``doctor``: the environment as a table, and ``--require`` for a workshop preflight
+* ``lab``: ``make lab``, JupyterLab on 127.0.0.1 with a private token
+* ``course``: facts about the course kept in one place (the repository address)
+* ``units``: byte counts in binary units (KiB, MiB, GiB)
+
+Import the module you need::
 
     from tutorial_utils import devices, memory
 """

@@ -185,8 +185,12 @@ def torchrun_command(
     passes a ``log_dir`` in its temporary folder (torchrun keeps each rank's output there).
     The same arguments give the same list, so a notebook can print it:
 
-    >>> " ".join(torchrun_command("scripts/ddp_train.py", 2, ["--epochs", "3"])[1:])
-    '-m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3 scripts/ddp_train.py --epochs 3'
+    >>> cmd = torchrun_command("scripts/ddp_train.py", 2, ["--epochs", "3"])
+    >>> for part in (cmd[1:6], cmd[6:10], cmd[10:]):
+    ...     print(" ".join(part))
+    -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d
+    --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3
+    scripts/ddp_train.py --epochs 3
     """
     cmd = [
         sys.executable,
