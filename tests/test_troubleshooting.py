@@ -82,8 +82,11 @@ def probe_no_driver_course(request):
 
 def probe_cpu_budget_oom(request):
     def oom():
-        with memory.budget(1024):
-            torch.zeros(10_000)
+        # The budget counts what is already in use (other tests' tensors too): 1 MiB above it.
+        with memory.Tracker("cpu") as before:
+            pass
+        with memory.budget(before.start_bytes + 2**20):
+            torch.zeros(2**20)  # 4 MiB
 
     return raised(oom)
 
