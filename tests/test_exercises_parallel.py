@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tutorial_utils import devices
 from tutorial_utils.exercises import reset_attempts
 from tutorial_utils.exercises.parallel import (
     check_allreduce_counts,
@@ -155,8 +156,13 @@ def test_split_forward_wrong_answers_fail(forward, problem: str) -> None:
 
 
 def test_split_forward_needs_two_devices() -> None:
-    with pytest.raises(ValueError, match="two devices"):
-        check_split_forward(_split_forward("right"), [torch.device("cpu")])
+    for bad in ([torch.device("cpu")], "cpu", torch.device("cpu"), None, ["not a device", "cpu"]):
+        with pytest.raises(ValueError, match="two devices"):
+            check_split_forward(_split_forward("right"), bad)
+
+
+def test_split_forward_takes_the_notebooks_device_set() -> None:
+    assert check_split_forward(_split_forward("right"), devices.demo_devices(2)).passed
 
 
 def test_allreduce_counts_right_and_wrong() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -327,16 +327,23 @@ def _two_stages(d0: torch.device, d1: torch.device) -> tuple[nn.Module, nn.Modul
 
 
 @checker
-def check_split_forward(forward: Callable, devices: Sequence[torch.device]) -> Feedback:
+def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
     """``forward(stage0, stage1, x, d0, d1) -> output``: run stage 0 on ``d0``, stage 1 on ``d1``.
 
     The checker trains nothing: it runs the learner's forward once on a seeded batch, calls
     backward on an MSE loss (labels on the output's device), and compares the output and every
     gradient of both stages with the same layers run on one device.
     """
-    if not isinstance(devices, Sequence) or len(devices) < 2:
-        raise ValueError("check_split_forward needs two devices, e.g. devices.demo_devices(2)")
-    d0, d1 = torch.device(devices[0]), torch.device(devices[1])
+    need = "check_split_forward needs two devices, e.g. devices.demo_devices(2)"
+    if isinstance(devices, (str, torch.device)):
+        raise ValueError(need)
+    try:
+        pair = [torch.device(d) for d in devices]
+    except (TypeError, RuntimeError):
+        raise ValueError(need) from None
+    if len(pair) < 2:
+        raise ValueError(need)
+    d0, d1 = pair[0], pair[1]
     fb = Feedback("a forward pass split over two devices that autograd can go back through")
     fb.hint(
         "compare which parameters get a gradient: does anything on the way from stage 0 to "
