@@ -242,12 +242,18 @@ def _loss_value(loss: object) -> float | None:
     return finite_number(loss)
 
 
-def grade(train_step: Callable, task: CapstoneTask) -> Grade:
-    """Check ``train_step`` against ``task``; see the module docstring."""
+def grade(train_step: Callable, task: CapstoneTask, exercise: str | None = None) -> Grade:
+    """Check ``train_step`` against ``task``; see the module docstring.
+
+    ``exercise`` names which exercise this is, when a notebook grades several with the same
+    grader: each then counts its own attempts, so its first wrong answer gets a hint.
+    """
     if not isinstance(task, CapstoneTask):
         raise ValueError(f"grade needs a CapstoneTask, not {type(task).__name__}")
+    if exercise is not None and not isinstance(exercise, str):
+        raise ValueError(f"exercise is the exercise's name, a string, not {exercise!r}")
     result: dict = {}
-    feedback = _grade(train_step, task, result)
+    feedback = _grade(train_step, task, result, attempt_key=exercise)
     return Grade(feedback, result.get("peak"), tuple(result.get("losses", ())))
 
 
