@@ -192,3 +192,15 @@ def test_first_failure_hints_second_explains(task):
     second = grade(plain, task).feedback
     assert second.detailed and "Fix:" in repr(second)
     reset_attempts()
+
+
+def test_each_named_exercise_starts_with_a_hint(task):
+    """07 grades three exercises with one grader: each counts its own attempts."""
+    reset_attempts()
+    assert not grade(plain, task).feedback.passed  # the "your turn" cell, failed
+    tight = grade(plain, task, exercise="tight budget").feedback
+    assert not tight.passed and tight.attempt == 1 and not tight.detailed
+    assert grade(plain, task, exercise="tight budget").feedback.detailed
+    with pytest.raises(ValueError, match="string"):
+        grade(plain, task, exercise=2)
+    reset_attempts()

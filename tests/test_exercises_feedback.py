@@ -75,6 +75,17 @@ def test_attempts_are_counted_per_exercise_and_reset():
     assert check_double(lambda x: x).attempt == 1
 
 
+def test_one_checker_grading_several_exercises_counts_each_apart():
+    check_double(lambda x: x + 2)  # an earlier exercise graded by the same checker
+    first = check_double(lambda x: x + 2, attempt_key="exercise 2")
+    assert first.attempt == 1 and not first.detailed, "a new exercise starts with a hint"
+    assert check_double(lambda x: x + 2, attempt_key="exercise 2").detailed
+    assert check_double(lambda x: x + 2, attempt_key="exercise 3").attempt == 1
+    assert check_double(lambda x: x + 2).attempt == 2  # the unnamed one kept its own count
+    with pytest.raises(ValueError, match="string"):
+        check_double(lambda x: x, attempt_key=3)
+
+
 def test_a_pass_shows_passed_and_does_not_count():
     fb = check_double(lambda x: 2 * x)
     assert fb.passed and fb.attempt == 0

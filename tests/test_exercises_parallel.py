@@ -11,11 +11,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tutorial_utils import devices
+from tutorial_utils.exercises import reset_attempts
 from tutorial_utils.exercises.parallel import (
+    check_allreduce_counts,
     check_bubble,
     check_ddp_script,
     check_microbatch_step,
     check_sampler_padding,
+    check_split_forward,
 )
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
@@ -122,10 +126,80 @@ def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
     ]
     buggy = [out for src, out in cells if 'check_ddp_script("scripts/ddp_exercise.py"' in src]
     assert buggy, "notebook 03 no longer runs check_ddp_script on scripts/ddp_exercise.py"
-    assert "set_epoch" in buggy[0] and "differ from single-process training" in buggy[0]
+    # the first verdict hints (hint-first feedback): one problem named, the other counted
+    assert buggy[0].startswith("Not yet:") and "same order every epoch" in buggy[0]
+    assert "1 more problem" in buggy[0]
     solved = [
         src
         for src, _ in cells
         if 'check_ddp_script("scripts/ddp_exercise_solution.py"' in src and "assert_passed()" in src
     ]
     assert solved, "notebook 03 no longer asserts that the DDP solution passes its checker"
+
+
+def _split_forward(kind: str):
+    def forward(stage0, stage1, x, d0, d1):
+        h = stage0(x.to(d0))
+        if kind == "detach":
+            h = h.detach()
+        elif kind == "data":
+            h = h.data
+        return stage1(h.to(d1))
+
+    return forward
+
+
+def test_split_forward_right_answer_passes() -> None:
+    fb = check_split_forward(_split_forward("right"), [torch.device("cpu")] * 2)
+    assert fb.passed, fb.problems
+
+
+@pytest.mark.parametrize("kind", ["detach", "data"])
+def test_split_forward_cut_graph_is_caught(kind: str) -> None:
+    reset_attempts()
+    fb = check_split_forward(_split_forward(kind), [torch.device("cpu")] * 2)
+    assert not fb.passed and fb.briefs == ["stage 0 gets no gradient"]
+    assert not fb.detailed and ".detach()" not in " ".join(fb.briefs)
+    reset_attempts()
+
+
+@pytest.mark.parametrize(
+    ("forward", "problem"),
+    [
+        (lambda s0, s1, x, d0, d1: None, "returned None"),
+        (lambda s0, s1, x, d0, d1: s1(s0(x)).detach(), "not part of an autograd graph"),
+        (lambda s0, s1, x, d0, d1: s0(x), "shape"),
+        (lambda s0, s1, x, d0, d1: s1(s0(x)) * 2, "differs from stage1(stage0(x))"),
+    ],
+)
+def test_split_forward_wrong_answers_fail(forward, problem: str) -> None:
+    fb = check_split_forward(forward, [torch.device("cpu")] * 2)
+    assert not fb.passed and problem in " ".join(fb.problems)
+
+
+def test_split_forward_needs_two_devices() -> None:
+    for bad in ([torch.device("cpu")], "cpu", torch.device("cpu"), None, ["not a device", "cpu"]):
+        with pytest.raises(ValueError, match="two devices"):
+            check_split_forward(_split_forward("right"), bad)
+
+
+def test_split_forward_takes_the_notebooks_device_set() -> None:
+    assert check_split_forward(_split_forward("right"), devices.demo_devices(2)).passed
+
+
+def test_allreduce_counts_right_and_wrong() -> None:
+    reset_attempts()
+    assert check_allreduce_counts(8, 1).passed
+    assert check_allreduce_counts(12, 3, k=4, buckets=3).passed
+    first = check_allreduce_counts(1, 8)
+    assert not first.passed and not first.detailed and len(first.problems) == 2
+    assert "8" not in " ".join(first.briefs), "the first answer hints, it does not tell"
+    assert check_allreduce_counts(1, 8).detailed
+    for wrong in [(None, 1), (8, None), ("8", 1), (8.0, 1), (True, 1), (8, 0)]:
+        assert not check_allreduce_counts(*wrong).passed, wrong
+    reset_attempts()
+
+
+def test_allreduce_counts_bad_setup_raises() -> None:
+    with pytest.raises(ValueError, match="k must be"):
+        check_allreduce_counts(8, 1, k=0)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from tutorial_utils.exercises import precision as ex
+from tutorial_utils.exercises import reset_attempts
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -111,3 +112,54 @@ def test_amp_step_wrong_loss_fails() -> None:
 
     fb = ex.check_amp_step(wrong_loss_returns_right_one)
     assert not fb.passed and any("reference" in p or "batch's loss" in p for p in fb.problems)
+
+
+def _clip_step(*, unscale: bool, clip: bool, use_scaler: bool = True):
+    def step(model, optimizer, scaler, inputs, targets, device_type, dtype, max_norm):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=dtype):
+            loss = nn.functional.cross_entropy(model(inputs), targets)
+        if not use_scaler:
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            optimizer.step()
+            return loss
+        scaler.scale(loss).backward()
+        if unscale:
+            scaler.unscale_(optimizer)
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+
+    return step
+
+
+def test_clipped_step_right_answer_passes() -> None:
+    fb = ex.check_clipped_step(_clip_step(unscale=True, clip=True))
+    assert fb.passed, fb.problems
+
+
+def test_clipping_before_unscale_is_caught_and_explained() -> None:
+    reset_attempts()
+    first = ex.check_clipped_step(_clip_step(unscale=False, clip=True))
+    assert not first.passed and not first.detailed
+    assert "unscale_" not in first.briefs[0], "the first answer is a hint, not the fix"
+    assert "1024x smaller" in first.problems[0] and "before scaler.unscale_" in first.problems[0]
+    second = ex.check_clipped_step(_clip_step(unscale=False, clip=True))
+    assert second.detailed and "unscale_" in second.fixes[0]
+    reset_attempts()
+
+
+@pytest.mark.parametrize(
+    ("step", "problem"),
+    [
+        (_clip_step(unscale=True, clip=False), "above max_norm"),
+        (_clip_step(unscale=False, clip=False, use_scaler=False), "use the scaler"),
+        (lambda *args: None, "use the scaler"),
+    ],
+)
+def test_clipped_step_wrong_answers_fail(step, problem: str) -> None:
+    fb = ex.check_clipped_step(step)
+    assert not fb.passed and problem in " ".join(fb.problems)

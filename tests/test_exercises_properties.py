@@ -658,3 +658,44 @@ def test_grade_rejects_wrong_answers(small_task, returned, where):
 def test_grade_passes_the_right_step_on_the_small_task(small_task):
     """The property above is a fair test: with a right return value the same step passes."""
     capstone.grade(_train, small_task).feedback.assert_passed()
+
+
+# --- checkers added with issue 14 -----------------------------------------------------------
+
+
+@PROPERTY
+@given(
+    plain=st.one_of(garbage, st.integers(0, 20)),
+    with_no_sync=st.one_of(garbage, st.integers(0, 20)),
+)
+def test_allreduce_counts_rejects_wrong_answers(plain, with_no_sync):
+    assume(not (_plain_int(plain, 8) and _plain_int(with_no_sync, 1)))
+    assert rejected(parallel.check_allreduce_counts(plain, with_no_sync, k=8, buckets=1))
+
+
+@PROPERTY
+@given(out=st.one_of(garbage, tensors))
+def test_split_forward_rejects_wrong_outputs(out):
+    def forward(stage0, stage1, x, d0, d1):
+        return out
+
+    assert rejected(parallel.check_split_forward(forward, [torch.device("cpu")] * 2))
+
+
+FIT_PEAKS = {"plain": 100, "micro": 40, "both": 20}
+FIT_SECONDS = {"plain": 0.01, "micro": 0.03, "both": 0.05}
+
+
+@PROPERTY
+@given(choice=st.one_of(garbage, st.sampled_from(["plain", "both", "MICRO", "micro "])))
+def test_fastest_fit_rejects_wrong_answers(choice):
+    assert rejected(capstone.check_fastest_fit(choice, FIT_PEAKS, FIT_SECONDS, 50))
+
+
+@FEW
+@given(returned=garbage)
+def test_clipped_step_rejects_steps_without_the_scaler(returned):
+    def step(model, optimizer, scaler, inputs, targets, device_type, dtype, max_norm):
+        return returned
+
+    assert rejected(precision.check_clipped_step(step))

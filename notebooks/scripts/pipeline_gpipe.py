@@ -54,10 +54,13 @@ def main() -> None:
     ref_grads = [p.grad for p in stage_layers(full, rank, world).parameters()]
 
     part = stage_layers(build_model(), rank, world).to(device)  # this rank's stage only
-    stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
 
     runs = {}
     for m in args.microbatches:
+        # A fresh stage per micro-batch count: a stage works out the shapes of the activations
+        # it sends on its first step and keeps them, so a stage reused with another micro-batch
+        # size fails with PipeliningShapeError (seen on torch 2.11).
+        stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
         schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
         seconds = []
         for _ in range(4):  # the first step also works out the shapes to send: not timed

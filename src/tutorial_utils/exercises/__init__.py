@@ -281,19 +281,24 @@ def checker(fn: F) -> F:
     """Decorate a checker: ``require``/``run`` may end it early, and attempts are counted.
 
     The first failed attempt of an exercise (one checker) in this kernel shows the general
-    problem and the hints; from the second on, the feedback is ``detailed``.
+    problem and the hints; from the second on, the feedback is ``detailed``. A checker that
+    grades several exercises of one notebook is called with ``attempt_key="..."`` (one name per
+    exercise), so each exercise counts its own attempts and starts with a hint.
     """
     key = f"{fn.__module__}.{fn.__qualname__}"
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Feedback:
+    def wrapper(*args: Any, attempt_key: str | None = None, **kwargs: Any) -> Feedback:
+        if attempt_key is not None and not isinstance(attempt_key, str):
+            raise ValueError(f"attempt_key names an exercise with a string, not {attempt_key!r}")
+        counted = key if attempt_key is None else f"{key}[{attempt_key}]"
         try:
             fb = fn(*args, **kwargs)
         except _Stop as stop:
             fb = stop.feedback
         if not fb.passed:
-            _failures[key] += 1
-            fb.attempt = _failures[key]
+            _failures[counted] += 1
+            fb.attempt = _failures[counted]
             fb.detailed = fb.detailed or fb.attempt > 1
         return fb
 

@@ -38,7 +38,7 @@ from ..units import format_bytes
 from . import Feedback, checker
 from .answers import checker_device, describe, finite_number, tensor_number, whole_number
 
-__all__ = ["CapstoneTask", "Grade", "grade", "reference_gradients"]
+__all__ = ["CapstoneTask", "Grade", "check_fastest_fit", "grade", "reference_gradients"]
 
 
 @dataclass(frozen=True)
@@ -242,12 +242,18 @@ def _loss_value(loss: object) -> float | None:
     return finite_number(loss)
 
 
-def grade(train_step: Callable, task: CapstoneTask) -> Grade:
-    """Check ``train_step`` against ``task``; see the module docstring."""
+def grade(train_step: Callable, task: CapstoneTask, exercise: str | None = None) -> Grade:
+    """Check ``train_step`` against ``task``; see the module docstring.
+
+    ``exercise`` names which exercise this is, when a notebook grades several with the same
+    grader: each then counts its own attempts, so its first wrong answer gets a hint.
+    """
     if not isinstance(task, CapstoneTask):
         raise ValueError(f"grade needs a CapstoneTask, not {type(task).__name__}")
+    if exercise is not None and not isinstance(exercise, str):
+        raise ValueError(f"exercise is the exercise's name, a string, not {exercise!r}")
     result: dict = {}
-    feedback = _grade(train_step, task, result)
+    feedback = _grade(train_step, task, result, attempt_key=exercise)
     return Grade(feedback, result.get("peak"), tuple(result.get("losses", ())))
 
 
@@ -345,5 +351,59 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         f"the loss did not fall over {task.steps} steps ({losses[0]:.4f} -> {losses[-1]:.4f}): "
         "return the batch's loss as a float, and step the optimizer",
         brief="the loss does not fall",
+    )
+    return fb
+
+
+def _measured_table(peaks: object, seconds: object) -> dict[str, tuple[int, float]]:
+    """``{name: (peak bytes, seconds)}`` from the notebook's two tables; ValueError if unusable."""
+    if not isinstance(peaks, dict) or not isinstance(seconds, dict) or not peaks:
+        raise ValueError("check_fastest_fit needs the notebook's peaks and seconds dicts")
+    if set(peaks) != set(seconds):
+        raise ValueError("peaks and seconds must name the same combinations")
+    table = {}
+    for name in peaks:
+        peak, sec = whole_number(peaks[name]), finite_number(seconds[name])
+        if peak is None or sec is None or peak < 0 or sec <= 0:
+            raise ValueError(f"{name!r} needs a peak in bytes and a positive time in seconds")
+        table[name] = (peak, sec)
+    return table
+
+
+@checker
+def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: int) -> Feedback:
+    """Exercise: the fastest combination in the measured table whose peak fits the budget.
+
+    ``peaks`` (bytes) and ``seconds`` come from the notebook's own measurement, so the answer
+    is the one this machine measured; on another machine it may be another combination.
+    """
+    table = _measured_table(peaks, seconds)
+    budget = whole_number(budget_bytes)
+    if budget is None or budget <= 0:
+        raise ValueError(f"budget_bytes must be a positive number of bytes, not {budget_bytes!r}")
+    fits = {name: sec for name, (peak, sec) in table.items() if peak <= budget}
+    fb = Feedback("the fastest combination that fits the budget")
+    fb.hint("two conditions: its peak is under the budget, and among those its time is the least")
+    if fits:
+        best = min(fits, key=fits.__getitem__)
+        fb.fix(f"min((n for n in peaks if peaks[n] <= BUDGET), key=seconds.get) -> {best!r}")
+    fb.require(
+        isinstance(choice, str) and choice in table,
+        f"answer with one of the table's names ({', '.join(map(repr, table))}), not "
+        f"{describe(choice)}",
+        brief="the answer is not a name from the table",
+    )
+    fb.require(bool(fits), "nothing in the table fits this budget: there is no right answer")
+    fb.require(
+        choice in fits,
+        f"{choice!r} peaks at {format_bytes(table[choice][0])}, over the budget of "
+        f"{format_bytes(budget)}",
+        brief=f"{choice!r} does not fit the budget",
+    )
+    fb.expect(
+        choice == best,
+        f"{choice!r} fits, but {best!r} also fits and took {fits[best] * 1e3:.1f} ms per step "
+        f"against {fits[choice] * 1e3:.1f} ms",
+        brief=f"{choice!r} fits, but something that fits is faster",
     )
     return fb

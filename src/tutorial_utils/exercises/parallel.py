@@ -3,8 +3,12 @@
 * ``check_ddp_script``: runs the learner's DDP script for real (2 processes, ``launch``) and
   compares what it reports with single-process training the notebook computed.
 * ``check_sampler_padding``: what ``DistributedSampler`` does when the data does not split evenly.
+* ``check_allreduce_counts``: how many all-reduces gradient accumulation costs, with and
+  without ``no_sync()``.
 * ``check_bubble``: the learner's formula for the idle fraction of a GPipe pipeline.
 * ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients.
+* ``check_split_forward``: the learner's forward over two stages on two devices must let the
+  gradient reach the first stage (the bug hunt of notebook 04).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -22,7 +26,14 @@ from ..distributed import LaunchError, launch
 from . import Feedback, checker
 from .answers import describe, finite_number, number_problem, whole_number
 
-__all__ = ["check_bubble", "check_ddp_script", "check_microbatch_step", "check_sampler_padding"]
+__all__ = [
+    "check_allreduce_counts",
+    "check_bubble",
+    "check_ddp_script",
+    "check_microbatch_step",
+    "check_sampler_padding",
+    "check_split_forward",
+]
 
 
 def _positive_int(value: object, name: str, purpose: str) -> int:
@@ -165,6 +176,45 @@ def check_sampler_padding(
 
 
 @checker
+def check_allreduce_counts(
+    plain: object, with_no_sync: object, k: int = 8, buckets: int = 1
+) -> Feedback:
+    """All-reduces in one optimizer step of ``k`` accumulated micro-batches, for a model whose
+    gradients fill ``buckets`` DDP buckets: ``plain`` without ``no_sync()``, ``with_no_sync``
+    with it on all but the last micro-batch."""
+    k = _positive_int(k, "k", "check_allreduce_counts")
+    buckets = _positive_int(buckets, "buckets", "check_allreduce_counts")
+    fb = Feedback(f"all-reduces for {k} accumulated micro-batches ({buckets} bucket(s))")
+    fb.hint(
+        "DDP all-reduces every bucket at the end of every backward() it is allowed to sync; "
+        "no_sync() turns that off for the backward passes inside it"
+    )
+    fb.fix(
+        f"plain = k * buckets = {k * buckets} (every backward syncs); "
+        f"with_no_sync = buckets = {buckets} (only the last backward syncs)"
+    )
+    fb.require(
+        plain is not None and with_no_sync is not None,
+        "set plain and with_no_sync to whole numbers",
+        brief="plain and with_no_sync are not set yet",
+    )
+    got_plain, got_sync = whole_number(plain), whole_number(with_no_sync)
+    fb.expect(
+        got_plain == k * buckets,
+        f"plain = {describe(plain)}, but each of the {k} backward passes all-reduces all "
+        f"{buckets} bucket(s): {k * buckets}",
+        brief="plain is not the number of all-reduces without no_sync",
+    )
+    fb.expect(
+        got_sync == buckets,
+        f"with_no_sync = {describe(with_no_sync)}, but only the last backward (outside "
+        f"no_sync) all-reduces, once per bucket: {buckets}",
+        brief="with_no_sync is not the number of all-reduces with no_sync",
+    )
+    return fb
+
+
+@checker
 def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     """``bubble(p, m)``: the fraction of time a GPipe stage idles, p stages and m micro-batches."""
     fb = Feedback("bubble(p, m) is the idle fraction of a GPipe pipeline")
@@ -264,5 +314,89 @@ def check_microbatch_step(
             False,
             f"{size}the gradients differ from the full batch by up to {diff:.1e}",
             brief="the gradients differ from the full batch's",
+        )
+    return fb
+
+
+def _two_stages(d0: torch.device, d1: torch.device) -> tuple[nn.Module, nn.Module]:
+    with torch.random.fork_rng(devices=[]):  # seeded without touching the learner's RNG
+        torch.manual_seed(0)
+        stage0 = nn.Sequential(nn.Linear(16, 32), nn.ReLU()).to(d0)
+        stage1 = nn.Linear(32, 4).to(d1)
+    return stage0, stage1
+
+
+@checker
+def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
+    """``forward(stage0, stage1, x, d0, d1) -> output``: run stage 0 on ``d0``, stage 1 on ``d1``.
+
+    The checker trains nothing: it runs the learner's forward once on a seeded batch, calls
+    backward on an MSE loss (labels on the output's device), and compares the output and every
+    gradient of both stages with the same layers run on one device.
+    """
+    need = "check_split_forward needs two devices, e.g. devices.demo_devices(2)"
+    if isinstance(devices, (str, torch.device)):
+        raise ValueError(need)
+    try:
+        pair = [torch.device(d) for d in devices]
+    except (TypeError, RuntimeError):
+        raise ValueError(need) from None
+    if len(pair) < 2:
+        raise ValueError(need)
+    d0, d1 = pair[0], pair[1]
+    fb = Feedback("a forward pass split over two devices that autograd can go back through")
+    fb.hint(
+        "compare which parameters get a gradient: does anything on the way from stage 0 to "
+        "stage 1 cut the activation out of the graph?"
+    )
+    fb.fix(
+        "move the activation with h.to(d1) only: .detach() (or .data, or a new tensor made "
+        "from h) cuts the graph, so stage 0 never gets a gradient and never learns"
+    )
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+    ref0, ref1 = _two_stages(torch.device("cpu"), torch.device("cpu"))
+    ref_out = ref1(ref0(x))
+    nn.functional.mse_loss(ref_out, y).backward()
+
+    stage0, stage1 = _two_stages(d0, d1)
+    out = fb.run("your forward", forward, stage0, stage1, x, d0, d1, returns=torch.Tensor)
+    fb.require(
+        out.shape == ref_out.shape,
+        f"the output has shape {tuple(out.shape)}, not {tuple(ref_out.shape)}",
+        brief="the output has the wrong shape",
+    )
+    fb.expect(
+        out.device.type == d1.type,
+        f"the output is on {out.device}, not on the second stage's device {d1}",
+        brief="the output is not on the last stage's device",
+    )
+    fb.expect(
+        torch.allclose(out.detach().cpu().float(), ref_out.detach(), atol=1e-5),
+        "the output differs from stage1(stage0(x)) on one device",
+        brief="the output is not the two stages applied in order",
+    )
+    fb.require(
+        out.requires_grad,
+        "the output is not part of an autograd graph: nothing can be trained through it",
+        brief="nothing can be trained through the output",
+    )
+    nn.functional.mse_loss(out, y.to(out.device)).backward()
+    for name, stage, ref in (("stage 0", stage0, ref0), ("stage 1", stage1, ref1)):
+        grads = [p.grad for p in stage.parameters()]
+        if not fb.expect(
+            all(g is not None for g in grads),
+            f"{name}'s parameters got no gradient from backward(): the graph is cut between "
+            "the stages",
+            brief=f"{name} gets no gradient",
+        ):
+            continue
+        fb.expect(
+            all(
+                torch.allclose(g.cpu(), r.grad, atol=1e-5)
+                for g, r in zip(grads, ref.parameters(), strict=True)
+            ),
+            f"{name}'s gradients differ from the same layers on one device",
+            brief=f"{name}'s gradients are wrong",
         )
     return fb

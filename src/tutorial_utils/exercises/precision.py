@@ -10,6 +10,11 @@ runs it on a small seeded model with fp16 autocast and a recording ``GradScaler`
 that the forward ran under autocast, the weights stayed fp32, the scaler scaled the loss,
 stepped the optimizer and updated itself, and that the weights after the step match a
 reference step.
+
+``check_clipped_step(step)``: the bug hunt. ``step(model, optimizer, scaler, inputs, targets,
+device_type, dtype, max_norm) -> loss`` clips the gradients with a scaler. The checker records
+the gradients' norm when the optimizer really steps: clipped before ``scaler.unscale_`` it is
+the scale (1024 here) times too small.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from torch import nn
 from . import Feedback, checker
 from .answers import checker_device, describe, finite_number, tensor_number
 
-__all__ = ["FP16_VALUES", "check_amp_step", "check_fp16_survival", "fp16_fate"]
+__all__ = [
+    "FP16_VALUES",
+    "check_amp_step",
+    "check_clipped_step",
+    "check_fp16_survival",
+    "fp16_fate",
+]
 
 _FATES = ("inf", "0", "ok")
 
@@ -242,4 +253,86 @@ def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu")
             "(cross_entropy of model(inputs) and targets) and the order zero_grad, backward, step",
             brief="the weights after your step are not what one training step gives",
         )
+    return fb
+
+
+def _grad_norm(params) -> float:
+    return float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
+
+
+def _true_grad_norm(device: torch.device) -> float:
+    """The unclipped gradient norm of the checker's model on its batch, fp16 autocast."""
+    model, _, _, inputs, targets = _setup(device, torch.amp.GradScaler)
+    with torch.autocast(device.type, dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(inputs), targets)
+    loss.float().backward()
+    return _grad_norm(model.parameters())
+
+
+@checker
+def check_clipped_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
+    """Run the learner's clipping step once and check the gradients the optimizer stepped with."""
+    device = checker_device(device, "check_clipped_step", allowed=("cuda", "cpu"))
+    fb = Feedback("gradient clipping with a GradScaler")
+    fb.hint(
+        "after scaler.scale(loss).backward(), what is in .grad: the gradients, or something "
+        "else? Compare the norm the optimizer steps with to max_norm"
+    )
+    fb.fix(
+        "call scaler.unscale_(optimizer) after backward and before clip_grad_norm_; "
+        "scaler.step(optimizer) then does not unscale a second time"
+    )
+    true_norm = _true_grad_norm(device)
+    max_norm = 0.5 * true_norm  # so that a right step must clip
+    model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
+    stepped: list[float] = []
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: stepped.append(_grad_norm(model.parameters()))
+    )
+    fb.run(
+        "your step",
+        step,
+        model,
+        optimizer,
+        scaler,
+        inputs,
+        targets,
+        device.type,
+        torch.float16,
+        max_norm,
+    )
+    fb.require(
+        "scale" in scaler.calls and "step" in scaler.calls,
+        "use the scaler: scaler.scale(loss).backward() and scaler.step(optimizer)",
+        brief="the scaler was not used for backward and step",
+    )
+    fb.require(
+        len(stepped) == 1,
+        f"the optimizer stepped {len(stepped)} times: step once, through scaler.step(optimizer)",
+        brief="the optimizer did not step exactly once",
+    )
+    got = stepped[0]
+    fb.require(
+        math.isfinite(got),
+        "the gradients were not finite when the optimizer stepped",
+        brief="the gradients were not finite",
+    )
+    fb.expect(
+        got > 0.5 * max_norm,
+        f"the optimizer stepped with gradients of norm {got:.3g}, {max_norm / got:.0f}x smaller "
+        f"than max_norm ({max_norm:.3g}): they were clipped while still multiplied by the scale "
+        f"({scaler.get_scale():.0f}), before scaler.unscale_(optimizer)",
+        brief="the gradients the optimizer used are far smaller than max_norm",
+    )
+    fb.expect(
+        got < 1.01 * max_norm,
+        f"the optimizer stepped with gradients of norm {got:.3g}, above max_norm ({max_norm:.3g}): "
+        "clip them with nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+        brief="the gradients were not clipped",
+    )
+    fb.expect(
+        "update" in scaler.calls,
+        "call scaler.update() after scaler.step(optimizer)",
+        brief="the scaler never adjusts its scale",
+    )
     return fb

@@ -1,0 +1,74 @@
+"""07's first exercise: the fastest combination that fits, from the notebook's own measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from tutorial_utils.exercises import reset_attempts
+from tutorial_utils.exercises.capstone import check_fastest_fit
+
+MiB = 2**20
+PEAKS = {"plain": 100 * MiB, "micro": 40 * MiB, "ckpt": 60 * MiB, "both": 20 * MiB}
+SECONDS = {"plain": 0.010, "micro": 0.030, "ckpt": 0.015, "both": 0.045}
+BUDGET = 50 * MiB  # micro and both fit; micro is the faster of the two
+
+
+@pytest.fixture(autouse=True)
+def fresh_attempts():
+    reset_attempts()
+    yield
+    reset_attempts()
+
+
+def test_the_fastest_that_fits_passes() -> None:
+    fb = check_fastest_fit("micro", PEAKS, SECONDS, BUDGET)
+    assert fb.passed, fb.problems
+
+
+def test_a_slower_one_that_fits_names_the_faster() -> None:
+    fb = check_fastest_fit("both", PEAKS, SECONDS, BUDGET)
+    assert not fb.passed
+    assert "'micro' also fits" in fb.problems[0] and "30.0 ms" in fb.problems[0]
+
+
+@pytest.mark.parametrize("choice", ["plain", "ckpt"])
+def test_the_fastest_overall_does_not_fit(choice: str) -> None:
+    fb = check_fastest_fit(choice, PEAKS, SECONDS, BUDGET)
+    assert not fb.passed
+    assert "over the budget" in fb.problems[0]
+
+
+@pytest.mark.parametrize("choice", [None, "TODO", 3, ["micro"], float("nan")])
+def test_anything_but_a_name_from_the_table_fails(choice: object) -> None:
+    fb = check_fastest_fit(choice, PEAKS, SECONDS, BUDGET)
+    assert not fb.passed
+    assert "one of the table's names" in fb.problems[0]
+
+
+def test_first_failure_hints_second_explains() -> None:
+    first = check_fastest_fit("both", PEAKS, SECONDS, BUDGET)
+    assert not first.detailed and first.hints and "faster" in first.briefs[0]
+    assert "'micro'" not in first.briefs[0], "the brief must not give the answer away"
+    second = check_fastest_fit("both", PEAKS, SECONDS, BUDGET)
+    assert second.detailed and any("'micro'" in fix for fix in second.fixes)
+
+
+def test_nothing_fits_is_said() -> None:
+    fb = check_fastest_fit("both", PEAKS, SECONDS, 1)
+    assert not fb.passed and "nothing in the table fits" in fb.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("peaks", "seconds", "budget"),
+    [
+        (PEAKS, {**SECONDS, "extra": 1.0}, BUDGET),  # the two tables disagree
+        ({**PEAKS, "micro": -1}, SECONDS, BUDGET),  # a negative peak
+        (PEAKS, {**SECONDS, "micro": float("nan")}, BUDGET),  # a time that is not a number
+        (PEAKS, SECONDS, 0),  # no budget
+        ({}, {}, BUDGET),  # nothing measured
+        ("peaks", SECONDS, BUDGET),  # not a dict
+    ],
+)
+def test_bad_tables_from_the_notebook_raise_one_sentence(peaks, seconds, budget) -> None:
+    with pytest.raises(ValueError, match=r"^[^\n]+$"):
+        check_fastest_fit("micro", peaks, seconds, budget)
