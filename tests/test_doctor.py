@@ -182,3 +182,18 @@ def test_without_nvidia_smi_gputil_sees_no_gpu_and_runs_nothing(tmp_path, monkey
         "info",
         "1.4.0: sees 0 GPU(s); starts nvidia-smi on every call",
     )
+
+
+def test_a_check_that_never_returns_becomes_a_row_not_a_hang():
+    # The last line of defence behind each check's own timeout (a lock inside a library).
+    import threading
+    import time
+
+    from tutorial_utils import doctor as doctor_module
+
+    start = time.monotonic()
+    result = doctor_module._in_background(threading.Event().wait, "GPUtil", 0.2)
+    row = result()
+    assert time.monotonic() - start < 5
+    assert (row.name, row.status) == ("GPUtil", doctor_module.MISSING)
+    assert "gave up after 0.2 s" in row.detail

@@ -17,6 +17,7 @@ started is left running.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import importlib.metadata
 import math
@@ -235,10 +236,11 @@ def _gputil_check(timeout_s: float = DEFAULT_TIMEOUT_S) -> Check:
     )
 
 
-def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
-    """Start ``fn()`` in a thread now; the returned function waits for its value.
+def _in_background(fn: Callable[[], object], name: str, limit_s: float) -> Callable[[], object]:
+    """Start ``fn()`` in a thread now; the returned function waits at most ``limit_s`` for it.
 
-    Each of these calls is bounded by its own timeout, so the wait is too.
+    Each call is bounded by its own timeout already; ``limit_s`` is the last line of defence (a
+    lock inside a library we do not own): past it, the row says so instead of waiting forever.
     """
     box: dict[str, object] = {}
 
@@ -248,11 +250,13 @@ def _in_background(fn: Callable[[], object]) -> Callable[[], object]:
         except Exception as exc:  # the checks never raise; a bug still becomes a row
             box["value"] = exc
 
-    thread = threading.Thread(target=target, name="doctor check", daemon=True)
+    thread = threading.Thread(target=target, name=f"doctor {name}", daemon=True)
     thread.start()
 
     def result() -> object:
-        thread.join()
+        thread.join(limit_s)
+        if thread.is_alive():
+            return Check(name, MISSING, f"did not answer: gave up after {limit_s:g} s")
         return box["value"]
 
     return result
@@ -318,9 +322,14 @@ def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
         isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
     ):
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    nvml_result = _in_background(lambda: _nvml_check(timeout_s))
-    smi_result = _in_background(lambda: _nvidia_smi_check(timeout_s))
-    gputil_result = _in_background(lambda: _gputil_check(timeout_s))
+    # Imports happen here, in one thread: importing GPUtil (distutils, through setuptools' hook)
+    # in one thread while another forks or imports was seen to hang the doctor.
+    with contextlib.suppress(ImportError):
+        importlib.import_module("GPUtil")
+    limit_s = 2 * timeout_s + 5  # each check may wait out its timeout, then clean up
+    nvml_result = _in_background(lambda: _nvml_check(timeout_s), "NVML", limit_s)
+    smi_result = _in_background(lambda: _nvidia_smi_check(timeout_s), "nvidia-smi", limit_s)
+    gputil_result = _in_background(lambda: _gputil_check(timeout_s), "GPUtil", limit_s)
     report = DoctorReport()
     add = report.checks.append
     add(Check("where", INFO, where_running()))
@@ -340,6 +349,8 @@ def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
         )
     )
     nvml_value = nvml_result()
+    if isinstance(nvml_value, Check):  # gave up waiting
+        nvml_value = (nvml_value, False)
     if isinstance(nvml_value, Exception):
         nvml_value = (Check("NVML", MISSING, f"{type(nvml_value).__name__}: {nvml_value}"), False)
     nvml_row, report.nvml_ok = nvml_value  # type: ignore[misc]
