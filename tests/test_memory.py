@@ -328,7 +328,18 @@ def test_breakdown_of_a_meta_model_points_to_estimate():
 
 
 def _same(a: memory.MemoryBreakdown, b: memory.MemoryBreakdown):
-    return a.as_dict() == b.as_dict() and a.peak_phase == b.peak_phase
+    """Equal categories and booked peaks to the byte; allocator peaks within 256 bytes.
+
+    A real CPU step's ``peak`` comes from the allocator, which also sees the 8-byte tensors that
+    Python numbers become inside operators (``x * 2``, Adam's step arithmetic); the books do not.
+    """
+    cats = [n for n in a.as_dict() if n != "peak"]
+    return (
+        all(getattr(a, n) == getattr(b, n) for n in cats)
+        and a.booked_peak == b.booked_peak
+        and abs(a.peak - b.peak) <= 256
+        and a.peak_phase == b.peak_phase
+    )
 
 
 def test_estimate_equals_breakdown_for_the_facts_example():
@@ -476,7 +487,9 @@ def test_estimate_matches_breakdown_over_shapes_and_dtypes(
     est = memory.estimate(make, memory.spec((batch, d_in), dtype), optimizer=opt)
     for name in ("parameters", "gradients", "optimizer_state", "activations", "inputs"):
         assert getattr(est, name) == getattr(real, name), name
-    assert abs(est.peak - real.peak) <= 0.03 * real.peak
+    assert abs(est.peak - real.booked_peak) <= 0.03 * real.booked_peak
+    # the allocator also sees the few 8-byte tensors Python numbers become inside operators
+    assert abs(est.peak - real.peak) <= 0.03 * real.peak + 256
 
 
 @settings(max_examples=6, deadline=None)
@@ -491,7 +504,10 @@ def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
         models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt
     )
     est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
-    assert est.as_dict() == real.as_dict()
+    # the books agree to the byte; the allocator's peak also holds oneDNN's scratch, which
+    # fake tensors cannot see, and the estimate says so
+    assert est.as_dict() == {**real.as_dict(), "peak": real.booked_peak}
+    assert real.peak >= real.booked_peak
 
 
 # --- CUDA paths, against a stand-in allocator (this CI has no GPU) ---------------------------

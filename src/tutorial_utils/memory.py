@@ -26,12 +26,16 @@ The public surface:
 What the CPU accounting cannot see, and what we do about it:
 
 - Scratch buffers an operator allocates and frees *inside itself* never leave it, so no
-  dispatch-level counter sees them. Where PyTorch's CPU kernels make them predictably we add
-  them to the peak: the operand copy in a matrix multiply (an expanded gradient, say), the
-  im2col buffer of PyTorch's own convolution, and a temporary in batch-norm backward
-  (``_scratch_bytes``; checked against the profiler in tests/test_memory_accuracy.py).
-- oneDNN's LSTM is the known gap: scratch inside the op (missed by ``breakdown``) and a
-  workspace that its meta kernel reports as empty (missed by ``estimate``).
+  dispatch-level counter sees them. ``breakdown`` therefore takes its CPU peak from the CPU
+  allocator itself (the profiler's memory events, ``_AllocatorRecorder``), scratch included,
+  and keeps the books for the categories. ``measure`` and ``Tracker`` stay on the books (the
+  profiler costs about 0.1 s to stop); where PyTorch's CPU kernels make scratch predictably
+  the books add it (``_scratch_bytes``: the operand copy of a matrix multiply, the im2col
+  buffer of PyTorch's own convolution, a temporary in batch-norm backward; checked against
+  the profiler in tests/test_memory_accuracy.py).
+- ``estimate`` runs on fake tensors, which cannot see scratch at all beyond those rules: its
+  ``unseen_scratch`` names the operators of the step known to need more (oneDNN convolutions,
+  GroupNorm / LayerNorm backward, CPU flash attention, oneDNN's LSTM...).
 - Python numbers passed to an operator become 8-byte tensors before dispatch: a few bytes.
 - Code compiled by ``torch.compile`` allocates its buffers below the dispatcher: measure the
   uncompiled model.
@@ -44,6 +48,7 @@ What the CPU accounting cannot see, and what we do about it:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -383,6 +388,108 @@ def _release_shared(acc: _Accountant, window: _Window) -> None:
 
 
 # -----------------------------------------------------------------------------
+# The CPU allocator itself, through the profiler's memory events
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2: the profiler's C++ side writes a line when it starts and stops,
+    past Python's sys.stderr (a notebook would show it under the cell)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+class _AllocatorRecorder:
+    """Every allocation and free of PyTorch's CPU allocator during a block, with phase marks.
+
+    The dispatcher only sees the tensors an operator returns. Scratch buffers that an operator
+    allocates and frees inside itself (a transposed convolution's columns, a norm's temporaries,
+    oneDNN's LSTM workspace) go through the CPU allocator too, and the allocator reports them to
+    the profiler when ``profile_memory`` is on: the ``[memory]`` events of ``torch.profiler``.
+    That is the only hook that sees the CPU allocator in PyTorch 2.13 (there is no CPU
+    counterpart of ``torch.cuda.max_memory_allocated``). It costs a few microseconds per
+    operator and about 0.1 s to stop, so ``breakdown`` (one step) uses it and ``measure`` does
+    not. ``mark(name)`` opens a phase; ``peaks()`` gives the running peak per phase, in bytes
+    above the start of the block.
+    """
+
+    PREFIX = "tutorial_utils.phase:"
+
+    def __init__(self) -> None:
+        self.result = None
+
+    @staticmethod
+    def available() -> bool:
+        """False when a profiler is already running (PyTorch allows one at a time)."""
+        return not torch.autograd._profiler_enabled()
+
+    def __enter__(self) -> _AllocatorRecorder:
+        from torch._C._profiler import _ExperimentalConfig
+        from torch.autograd import (
+            ProfilerActivity,
+            ProfilerConfig,
+            ProfilerState,
+            _enable_profiler,
+            _prepare_profiler,
+        )
+
+        # (state, report_input_shapes, profile_memory, with_stack, with_flops, with_modules, ...)
+        config = ProfilerConfig(
+            ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig()
+        )
+        with _quiet_stderr():
+            _prepare_profiler(config, {ProfilerActivity.CPU})
+            _enable_profiler(config, {ProfilerActivity.CPU})
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch.autograd import _disable_profiler
+
+        with _quiet_stderr():
+            self.result = _disable_profiler()
+
+    @contextmanager
+    def mark(self, phase: str) -> Iterator[None]:
+        with torch.profiler.record_function(self.PREFIX + phase):
+            yield
+
+    def peaks(self) -> dict[str, int]:
+        """Highest running total of CPU allocations in each marked phase (bytes above the start)."""
+        marks, allocations = [], []
+        for e in self.result.events():
+            name = e.name()
+            if name == "[memory]":
+                if e.device_type() == torch._C._autograd.DeviceType.CPU:
+                    allocations.append((e.start_ns(), e.nbytes()))
+            elif name.startswith(self.PREFIX):
+                marks.append((e.start_ns(), name.removeprefix(self.PREFIX)))
+        marks.sort()
+        allocations.sort(key=lambda a: a[0])  # stable: equal times keep the allocator's order
+        peaks = {name: 0 for _, name in marks}
+        running, i, phase = 0, 0, None
+        for t, nbytes in allocations:
+            while i < len(marks) and marks[i][0] <= t:
+                phase = marks[i][1]
+                peaks[phase] = max(peaks[phase], running)  # what was alive when it began
+                i += 1
+            running += nbytes
+            if phase is not None:
+                peaks[phase] = max(peaks[phase], running)
+        return peaks
+
+
+# -----------------------------------------------------------------------------
 # CUDA: the allocator already counts; we only keep nested peaks honest
 
 
@@ -691,6 +798,14 @@ class MemoryBreakdown:
     peak: int
     peak_phase: str  # "forward", "backward" or "optimizer step"
     estimated: bool
+    # Where ``peak`` comes from: "CPU allocator" (the profiler's memory events, scratch inside
+    # operators included), "CUDA allocator", "tensor storages" (the dispatch-level books, when
+    # another profiler is running) or "fake tensors" (estimate).
+    peak_source: str = "tensor storages"
+    booked_peak: int = 0  # the peak of the tensor storages booked at dispatch (no scratch)
+    # estimate only: operators in the step whose CPU kernels allocate scratch that fake tensors
+    # cannot see, so the true peak may be higher than ``peak``.
+    unseen_scratch: tuple[str, ...] = ()
     modules: tuple[ModuleMemory, ...] = field(default=(), repr=False)
 
     _CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations")
@@ -843,9 +958,21 @@ class _ModuleWatch:
 
 
 def _run_step(
-    model, inputs, loss_fn, optimizer, acc: _Accountant, estimated: bool, device_name: str
+    model,
+    inputs,
+    loss_fn,
+    optimizer,
+    acc: _Accountant,
+    estimated: bool,
+    device_name: str,
+    recorder: _AllocatorRecorder | None = None,
 ):
-    """Forward, backward and (optionally) an optimizer step, booked by ``acc``."""
+    """Forward, backward and (optionally) an optimizer step, booked by ``acc``.
+
+    With a ``recorder`` (real CPU steps), the peak is the CPU allocator's own (scratch inside
+    operators included); the categories always come from the dispatch-level books.
+    """
+    mark = recorder.mark if recorder is not None else _no_mark
     params = list(model.parameters())
     buffers = list(model.buffers())
     param_bytes, param_keys = _unique_bytes(params)
@@ -869,11 +996,12 @@ def _run_step(
     window = acc.open_window()
     phase_peaks = {}
     try:
-        with acc:
+        with recorder or contextlib.nullcontext(), acc:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 try:
-                    output = model(*inputs)
-                    loss = (loss_fn or _default_loss)(output)
+                    with mark("forward"):
+                        output = model(*inputs)
+                        loss = (loss_fn or _default_loss)(output)
                 except Exception as exc:
                     if not estimated:
                         raise
@@ -881,15 +1009,17 @@ def _run_step(
             phase_peaks["forward"] = acc.window_peak(window)
             del output
             acc.reset_window_peak(window)
-            loss.backward()
-            del loss
+            with mark("backward"):
+                loss.backward()
+                del loss
             phase_peaks["backward"] = acc.window_peak(window)
             gradients, grad_keys = _unique_bytes([p.grad for p in params], known)
             opt = _make_optimizer(optimizer, params)
             state_bytes = 0
             if opt is not None:
                 acc.reset_window_peak(window)
-                opt.step()
+                with mark("optimizer step"):
+                    opt.step()
                 phase_peaks["optimizer step"] = acc.window_peak(window)
                 state = [
                     v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
@@ -899,6 +1029,9 @@ def _run_step(
     finally:
         watch.remove()
         acc.close_window(window)
+    booked_peak = max(phase_peaks.values())
+    if recorder is not None:
+        phase_peaks = {name: window.start + peak for name, peak in recorder.peaks().items()}
     phase = max(phase_peaks, key=phase_peaks.get)
     modules, counted = [], set()
     for module, name in watch.names.items():  # a tied weight counts in the first module only
@@ -916,8 +1049,14 @@ def _run_step(
         peak=phase_peaks[phase],
         peak_phase=phase,
         estimated=estimated,
+        booked_peak=booked_peak,
         modules=tuple(modules),
     )
+
+
+@contextmanager
+def _no_mark(phase: str) -> Iterator[None]:
+    yield
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -971,9 +1110,12 @@ def breakdown(
         if device.type == "cuda":
             return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
         acc = _Accountant("cpu")
-        return _run_step(
-            model, inputs, loss_fn, optimizer, acc, estimated=False, device_name=str(device)
+        if not _AllocatorRecorder.available():  # the caller's profiler is running: books only
+            return _run_step(model, inputs, loss_fn, optimizer, acc, False, str(device))
+        result = _run_step(
+            model, inputs, loss_fn, optimizer, acc, False, str(device), _AllocatorRecorder()
         )
+        return dataclasses.replace(result, peak_source="CPU allocator")
     finally:
         for p, g in old_grads.items():
             p.grad = g
@@ -995,7 +1137,7 @@ def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdow
         result.parameters + result.buffers + result.inputs
     )  # allocated before and part of the step
     peak = window.peak - before + own
-    return dataclasses.replace(result, peak=int(peak))
+    return dataclasses.replace(result, peak=int(peak), peak_source="CUDA allocator")
 
 
 # -----------------------------------------------------------------------------
