@@ -623,3 +623,11 @@ def test_gradients_made_in_cpp_count_as_existing():
             p.grad.zero_()  # in place: no new memory
     assert m.delta_bytes == 0 and m.peak_above_start_bytes == 0
     assert m.start_bytes >= 2 * sum(p.nbytes for p in model.parameters())
+
+
+def test_estimate_refuses_a_step_that_cannot_run():
+    with pytest.raises(RuntimeError, match="same dtype"):  # the real step raises
+        memory.breakdown(nn.Linear(4, 4), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(memory.EstimateError, match=r"Linear.*one dtype.*float32 and int64") as e:
+        memory.estimate(nn.Linear(4, 4), memory.spec((2, 4), torch.long))
+    assert "\n" not in str(e.value)

@@ -129,3 +129,16 @@ def test_the_books_alone_miss_scratch_inside_operators():
     x = torch.randn(8, 3, 64, 64)
     step = memory.breakdown(ConvEncoderDecoder(), x, optimizer=torch.optim.AdamW)
     assert step.booked_peak < 0.9 * step.peak
+
+
+def test_estimate_names_the_scratch_it_cannot_see():
+    est = memory.estimate(ConvEncoderDecoder, (2, 3, 32, 32), optimizer=torch.optim.SGD)
+    assert {"convolution", "native_group_norm_backward"} <= set(est.unseen_scratch)
+    assert "real peak may be higher" in repr(est) and "convolution" in repr(est)
+    real = memory.breakdown(ConvEncoderDecoder(), torch.randn(2, 3, 32, 32))
+    assert real.peak > est.peak, "the flag is there because the estimate is low"
+
+
+def test_estimate_of_a_plain_mlp_has_no_blind_spot():
+    est = memory.estimate(bench.MODELS["MLP"][0], (8, 512), optimizer=torch.optim.AdamW)
+    assert est.unseen_scratch == () and "may be higher" not in repr(est)

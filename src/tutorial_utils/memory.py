@@ -823,7 +823,20 @@ class MemoryBreakdown:
         for name in self._CATEGORIES:
             lines.append(f"  {name.replace('_', ' '):<16}{format_bytes(getattr(self, name)):>12}")
         lines.append(f"  {'peak':<16}{format_bytes(self.peak):>12}  (during {self.peak_phase})")
+        if self.unseen_scratch:
+            lines.append(f"  {self.scratch_note}")
         return "\n".join(lines)
+
+    @property
+    def scratch_note(self) -> str:
+        """One sentence on the scratch an estimate cannot see ('' when there is none)."""
+        if not self.unseen_scratch:
+            return ""
+        return (
+            "the real peak may be higher: scratch inside "
+            + ", ".join(self.unseen_scratch)
+            + " is not visible to fake tensors"
+        )
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -834,6 +847,8 @@ class MemoryBreakdown:
             f"<tr><th>peak</th><th style='text-align:right'>{format_bytes(self.peak)}</th></tr>"
             f"<tr><td colspan='2'>peak reached during {self.peak_phase}</td></tr>"
         )
+        if self.unseen_scratch:
+            rows += f"<tr><td colspan='2'>{self.scratch_note}</td></tr>"
         table = f"<table><caption>{self.title}</caption>{rows}</table>"
         shown = [m for m in self.modules if m.parameters or m.activations]
         if shown:
@@ -1190,6 +1205,59 @@ def _fake_model(model: nn.Module, device: torch.device) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
+_aten = torch.ops.aten
+
+# Operators whose CPU kernels allocate scratch inside themselves that fake tensors cannot see
+# (found with the profiler's memory events, benchmarks/memory_accuracy.py): name -> what it is.
+_UNSEEN_SCRATCH = {
+    _aten.convolution.default: "oneDNN's scratchpad, or the column buffer of a transposed convolution",
+    _aten.convolution_backward.default: "oneDNN's scratchpad, or the column buffer of a transposed convolution",
+    _aten.native_group_norm_backward.default: "per-group temporaries",
+    _aten.native_layer_norm_backward.default: "per-row temporaries",
+    _aten.embedding_dense_backward.default: "index sort and counts",
+    _aten._scaled_dot_product_flash_attention_for_cpu.default: "per-thread attention blocks",
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward.default: "per-thread attention blocks",
+    _aten.mkldnn_rnn_layer.default: "oneDNN's RNN workspace",
+    _aten.mkldnn_rnn_layer_backward.default: "oneDNN's RNN workspace",
+}
+
+# Operators whose real kernels refuse operands of different dtypes, where the fake (meta)
+# kernel does not check (nn.Linear on a tensor of token ids runs on fake tensors).
+_SAME_DTYPE = {
+    _aten.mm.default,
+    _aten.addmm.default,
+    _aten.bmm.default,
+    _aten.baddbmm.default,
+    _aten.addmv.default,
+    _aten.mv.default,
+    _aten.dot.default,
+    _aten.convolution.default,
+}
+
+
+class _FakeAccountant(_Accountant):
+    """The accountant of ``estimate``: books fake tensors (meta storages), refuses what the real
+    kernels refuse, and notes the operators with scratch it cannot see."""
+
+    def __init__(self, target: torch.device):
+        super().__init__("meta")
+        self.target = target
+        self.unseen: dict[str, str] = {}  # operator name -> what its scratch is
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _SAME_DTYPE:
+            dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+            if len(dtypes) > 1:
+                names = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+                raise RuntimeError(
+                    f"{func} needs its tensors in one dtype, got {names} (a real step raises too)"
+                )
+        if func in _UNSEEN_SCRATCH and self.target.type == "cpu":
+            if not (func is _aten.convolution.default and _scratch_bytes(func, args, "meta")):
+                self.unseen.setdefault(str(func.overloadpacket.__name__), _UNSEEN_SCRATCH[func])
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 @contextmanager
 def _quiet_logger(name: str) -> Iterator[None]:
     """FakeTensorMode logs a traceback for an op that fails on fake tensors; our one-sentence
@@ -1251,7 +1319,10 @@ def estimate(
     with fake_mode, _quiet_logger("torch._subclasses.fake_tensor"):
         fmodel = _fake_model(model, target)
         finputs = tuple(_fake_input(x, target) for x in raw)
-        acc = _Accountant("meta")  # fake tensors keep their (empty) storage on meta
-        return _run_step(
+        acc = _FakeAccountant(target)  # fake tensors keep their (empty) storage on meta
+        result = _run_step(
             fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target)
         )
+    return dataclasses.replace(
+        result, peak_source="fake tensors", unseen_scratch=tuple(sorted(acc.unseen))
+    )
