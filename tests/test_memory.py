@@ -631,3 +631,111 @@ def test_estimate_refuses_a_step_that_cannot_run():
     with pytest.raises(memory.EstimateError, match=r"Linear.*one dtype.*float32 and int64") as e:
         memory.estimate(nn.Linear(4, 4), memory.spec((2, 4), torch.long))
     assert "\n" not in str(e.value)
+
+
+# --- corners ----------------------------------------------------------------------------------
+
+
+def test_a_storage_resized_to_nothing_is_booked():
+    # how FSDP2 frees its gathered weights: the storage shrinks, no operator runs
+    with memory.measure("cpu") as m:
+        x = torch.empty(1024)
+        x.untyped_storage().resize_(0)
+    assert m.delta_bytes == 0
+    with memory.measure("cpu") as m:
+        x.untyped_storage().resize_(4096)
+    assert m.delta_bytes == 4096
+
+
+def test_a_thread_that_dies_with_a_running_tracker_does_not_touch_the_next(monkeypatch):
+    import threading
+
+    ident = {}
+
+    def abandon():
+        ident["dead"] = threading.get_ident()
+        memory.Tracker("cpu").start()  # never stopped
+
+    t = threading.Thread(target=abandon)
+    t.start()
+    t.join()
+    seen, done = {}, threading.Event()
+
+    def count():
+        # thread ids are reused once a thread is gone: pretend this one got the dead one's
+        monkeypatch.setattr(threading, "get_ident", lambda: ident["dead"])
+        try:
+            with memory.measure("cpu") as m:
+                x = torch.empty(1024)
+            seen["delta"], seen["peak"] = m.delta_bytes, m.peak_above_start_bytes
+            del x
+        finally:
+            monkeypatch.undo()
+            done.set()
+
+    t = threading.Thread(target=count)
+    t.start()
+    done.wait(30)
+    t.join()
+    assert seen == {"delta": 4096, "peak": 4096}
+
+
+def test_frees_on_other_threads_give_no_negative_delta():
+    import threading
+
+    made_elsewhere = []
+    with memory.measure("cpu") as m:
+        x = torch.empty(1024)  # booked by this thread
+        t = threading.Thread(target=lambda: made_elsewhere.append(torch.empty(2048)))
+        t.start()
+        t.join()
+        box = [x]
+        del x
+        t = threading.Thread(target=box.clear)  # the last reference dies on another thread
+        t.start()
+        t.join()
+        made_elsewhere.clear()  # never booked here: freeing it changes nothing
+    assert m.delta_bytes == 0
+    assert m.peak_above_start_bytes == 4096
+
+
+def test_estimate_inside_a_budget_allocates_nothing_so_raises_nothing():
+    model = nn.Linear(1024, 1024)  # 4 MiB, built outside the budget
+    limit = model.weight.nbytes + 2**20
+    with memory.budget(limit):
+        est = memory.estimate(model, (4096, 1024), optimizer=torch.optim.AdamW)
+    assert est.peak > 5 * limit, "the step it describes would not fit, yet nothing was refused"
+
+
+def test_breakdown_leaves_batchnorm_running_stats_as_they_were():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    memory.breakdown(model, torch.randn(8, 4) + 3)
+    after = model.state_dict()
+    for k in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+        assert torch.equal(after[k], before[k]), k
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "nbytes"),
+    [
+        ("randint", lambda: torch.randint(0, 10, (1 << 20,)), 8 << 20),
+        ("randint low", lambda: torch.randint(3, 10, (1 << 20,)), 8 << 20),
+        ("arange", lambda: torch.arange(1 << 20), 8 << 20),
+        ("arange float", lambda: torch.arange(0.0, 1 << 20, 0.5), 8 << 20),
+        ("repeat", lambda: torch.ones(1024).repeat(2, 512), 4 << 20),
+        ("cat", lambda: torch.cat([torch.ones(1 << 17)] * 8), 4 << 20),
+        ("matmul", lambda: torch.ones(1024, 1) @ torch.ones(1, 1024), 4 << 20),
+        ("bmm", lambda: torch.ones(4, 512, 1) @ torch.ones(4, 1, 512), 4 << 20),
+    ],
+)
+def test_budget_refuses_before_the_allocation(name, make, nbytes):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with pytest.raises(torch.OutOfMemoryError, match="a new tensor of shape"):
+            with memory.budget("1 MiB"):
+                make()
+    events = prof.profiler.kineto_results.events()
+    sizes = [e.nbytes() for e in events if e.name() == "[memory]" and e.nbytes() > 0]
+    assert max(sizes, default=0) < nbytes, "the big output was never allocated"

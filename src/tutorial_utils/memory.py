@@ -53,6 +53,7 @@ import copy
 import dataclasses
 import gc
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -186,9 +187,89 @@ _FACTORIES = {  # operators whose first argument is the size of the tensor they 
     torch.ops.aten.rand.default,
     torch.ops.aten.randn.default,
 }
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+_PRECHECKED = (
+    _FACTORIES
+    | _MATMULS
+    | {
+        torch.ops.aten.randint.default,  # (high, size)
+        torch.ops.aten.randint.low,  # (low, high, size)
+        torch.ops.aten.arange.default,  # (end)
+        torch.ops.aten.arange.start,  # (start, end)
+        torch.ops.aten.arange.start_step,  # (start, end, step)
+        torch.ops.aten.repeat.default,  # (self, repeats)
+        torch.ops.aten.cat.default,  # (tensors, dim)
+    }
+)
+
+
+def _is_size(size) -> bool:
+    return isinstance(size, (list, tuple)) and all(isinstance(n, int) for n in size)
+
+
+def _planned_output(func, args, kwargs) -> tuple[tuple[int, ...], torch.dtype] | None:
+    """Shape and dtype of what ``func`` is about to allocate, for the common allocating ops."""
+    aten = torch.ops.aten
+    dtype = kwargs.get("dtype")
+    if func in _FACTORIES:
+        size = args[0] if args else kwargs.get("size")
+        return (tuple(size), dtype or torch.get_default_dtype()) if _is_size(size) else None
+    if func in (aten.randint.default, aten.randint.low):
+        size = args[1] if func is aten.randint.default else args[2]
+        return (tuple(size), dtype or torch.int64) if _is_size(size) else None
+    if func in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+        ends = list(args) + [1] * (3 - len(args))
+        start, end, step = (0, ends[0], 1) if func is aten.arange.default else ends[:3]
+        if not all(isinstance(v, (int, float)) for v in (start, end, step)) or step == 0:
+            return None
+        numel = max(0, math.ceil((end - start) / step))
+        integral = all(isinstance(v, int) for v in (start, end, step))
+        return (numel,), dtype or (torch.int64 if integral else torch.get_default_dtype())
+    if func is aten.repeat.default:
+        x, repeats = args[0], args[1]
+        if len(repeats) < x.dim():
+            return None  # the operator itself refuses this
+        shape = [1] * (len(repeats) - x.dim()) + list(x.shape)
+        return tuple(n * r for n, r in zip(shape, repeats, strict=True)), x.dtype
+    if func is aten.cat.default:
+        tensors = [t for t in args[0] if t.numel() > 0]
+        if not tensors:
+            return None
+        dtype = tensors[0].dtype
+        for t in tensors[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+        return (sum(t.numel() for t in tensors),), dtype
+    if func in _MATMULS:
+        a, b = args[-2], args[-1]
+        if a.dim() != b.dim() or a.dim() not in (2, 3):
+            return None
+        return (*a.shape[:-1], b.shape[-1]), a.dtype
+    return None
 
 
 _PLAIN = (torch.Tensor, nn.Parameter)  # tensor types whose storage is where they say
+
+
+_active: weakref.WeakSet = weakref.WeakSet()  # accountants that are counting now, any thread
+
+
+def _patch_storage_resize() -> None:
+    """Book ``untyped_storage().resize_(n)``: it changes a storage's size without an operator
+    the dispatcher sees (FSDP2 frees its gathered weights this way). Installed once; a plain
+    pass-through when nothing is counting."""
+    storage = torch.UntypedStorage
+    if getattr(storage.resize_, "_tutorial_utils", False):
+        return
+    original = storage.resize_
+
+    def resize_(self, size):
+        out = original(self, size)
+        for acc in list(_active):
+            acc.rebook(self)
+        return out
+
+    resize_._tutorial_utils = True
+    storage.resize_ = resize_
 
 
 class _Accountant(TorchDispatchMode):
@@ -216,7 +297,27 @@ class _Accountant(TorchDispatchMode):
         self.windows: list[_Window] = []
         self.limited = False  # is any window a budget? (skip the checks when not)
 
+    def __enter__(self):
+        _active.add(self)
+        _patch_storage_resize()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _active.discard(self)
+        return super().__exit__(*exc)
+
     # --- booking -------------------------------------------------------------------------
+
+    def rebook(self, storage: torch.UntypedStorage) -> None:
+        """A booked storage changed size without an operator (``untyped_storage().resize_``)."""
+        with self.lock:
+            entry = self.live.get(storage._cdata)
+            if entry is None:
+                return
+            nbytes = storage.nbytes()
+            self.current += nbytes - entry[1]
+            self.live[storage._cdata] = (entry[0], nbytes)
+            self.peak = max(self.peak, self.current)
 
     def _free(self, key: int) -> None:
         with self.lock:
@@ -256,7 +357,7 @@ class _Accountant(TorchDispatchMode):
         """
         with self.lock:
             added, todo = self._new_bytes(tensors)
-            if not added and not transient:
+            if not todo and not transient:  # (an empty storage is booked too: it may grow)
                 return
             if self.limited:
                 self._check_budget(added + transient, what)
@@ -282,27 +383,29 @@ class _Accountant(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.limited and func in _FACTORIES:  # refuse before allocating, when we can
-            self._precheck_factory(func, args, kwargs)
+        if self.limited and func in _PRECHECKED:  # refuse before allocating, when we can
+            self._precheck(func, args, kwargs)
         out = func(*args, **kwargs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         transient = _scratch_bytes(func, args, self.storage_device) if func in _SCRATCH_OPS else 0
         self.book(outs, transient, what=func)
         return out
 
-    def _precheck_factory(self, func, args, kwargs) -> None:
-        size = args[0] if args else kwargs.get("size")
-        if not isinstance(size, (list, tuple)) or not all(isinstance(n, int) for n in size):
-            return
+    def _precheck(self, func, args, kwargs) -> None:
+        """Raise the budget's OOM before ``func`` allocates its output, when its size is known."""
+        if self.storage_device != "cpu" or getattr(_local, "estimating", False):
+            return  # fake tensors (estimate inside a budget) allocate nothing
         device = kwargs.get("device")
-        if device is not None and torch.device(device).type != self.storage_device:
+        if device is not None and torch.device(device).type != "cpu":
             return
-        dtype = kwargs.get("dtype") or torch.get_default_dtype()
-        numel = 1
-        for n in size:
-            numel *= n
-        with self.lock:
-            self._check_budget(numel * dtype.itemsize, f"a new tensor of shape {tuple(size)}")
+        planned = _planned_output(func, args, kwargs)
+        if planned is not None:
+            shape, dtype = planned
+            numel = 1
+            for n in shape:
+                numel *= n
+            with self.lock:
+                self._check_budget(numel * dtype.itemsize, f"a new tensor of shape {tuple(shape)}")
 
     # --- windows ---------------------------------------------------------------------------
 
@@ -358,33 +461,31 @@ class _Accountant(TorchDispatchMode):
 
 
 # One running CPU accountant per thread (dispatch modes are thread-local): measure, budget and
-# Tracker share it, so nested blocks cost one set of books, not one each.
-_shared: dict[int, _Accountant] = {}
-_shared_lock = threading.Lock()
+# Tracker share it, so nested blocks cost one set of books, not one each. Kept in a
+# threading.local, not a dict keyed by thread id: a thread that dies with a Tracker still running
+# takes its accountant with it, and a new thread that reuses its id starts clean.
+_local = threading.local()
 
 
 def _acquire_shared(limit: int | None = None) -> tuple[_Accountant, _Window]:
-    tid = threading.get_ident()
-    with _shared_lock:
-        acc = _shared.get(tid)
-        if acc is None:
-            acc = _Accountant("cpu")
-            acc.book_existing()
-            acc.__enter__()  # push the mode; it stays pushed across notebook cells
-            _shared[tid] = acc
+    acc = getattr(_local, "shared", None)
+    if acc is None:
+        acc = _Accountant("cpu")
+        acc.book_existing()
+        acc.__enter__()  # push the mode; it stays pushed across notebook cells
+        _local.shared = acc
     return acc, acc.open_window(limit)
 
 
 def _release_shared(acc: _Accountant, window: _Window) -> None:
     acc.close_window(window)
-    with _shared_lock:
-        if acc.windows or _shared.get(threading.get_ident()) is not acc:
-            return
-        if _get_current_dispatch_mode() is not acc:
-            return  # another mode sits above ours: keep counting, pop when we are on top again
-        acc.__exit__(None, None, None)
-        acc.clear()
-        del _shared[threading.get_ident()]
+    if acc.windows or getattr(_local, "shared", None) is not acc:
+        return
+    if _get_current_dispatch_mode() is not acc:
+        return  # another mode sits above ours: keep counting, pop when we are on top again
+    acc.__exit__(None, None, None)
+    acc.clear()
+    _local.shared = None
 
 
 # -----------------------------------------------------------------------------
@@ -1100,8 +1201,9 @@ def breakdown(
     ``inputs``: a tensor, or a tuple of tensors passed to ``model(*inputs)``. ``loss_fn(output)``
     returns the scalar to backpropagate (default: the sum of the output's float elements).
     ``optimizer``: an optimizer class (``torch.optim.AdamW``) or a function of the parameters;
-    with one, the model's weights take one real step. Gradients the model had before are put
-    back afterwards; the step's own gradients and optimizer are dropped.
+    with one, the model's weights take one real step. Gradients the model had before and
+    BatchNorm's running statistics are put back afterwards; the step's own gradients and
+    optimizer are dropped.
     """
     inputs = _as_tuple(inputs)
     device = _model_device(model)
@@ -1121,6 +1223,14 @@ def breakdown(
     old_grads = {p: p.grad for p in model.parameters()}
     for p in old_grads:
         p.grad = None
+    # A training-mode forward updates BatchNorm's running statistics: put them back afterwards,
+    # so measuring a model does not change what it computes in eval mode.
+    stats = {
+        b: b.detach().clone()
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase)
+        for b in m.buffers(recurse=False)
+    }
     try:
         if device.type == "cuda":
             return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
@@ -1134,6 +1244,9 @@ def breakdown(
     finally:
         for p, g in old_grads.items():
             p.grad = g
+        with torch.no_grad():
+            for b, saved in stats.items():
+                b.copy_(saved)
 
 
 def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdown:
@@ -1316,7 +1429,11 @@ def estimate(
                 f"the inputs are on {x.device} but the model is on {home}; move them with .to({str(home)!r})"
             )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_mode, _quiet_logger("torch._subclasses.fake_tensor"):
+    outer, _local.estimating = getattr(_local, "estimating", False), True  # no budget checks
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, _local, "estimating", outer)
+        stack.enter_context(fake_mode)
+        stack.enter_context(_quiet_logger("torch._subclasses.fake_tensor"))
         fmodel = _fake_model(model, target)
         finputs = tuple(_fake_input(x, target) for x in raw)
         acc = _FakeAccountant(target)  # fake tensors keep their (empty) storage on meta
