@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from tutorial_utils import devices, memory, models
+from tutorial_utils import accounting, devices, memory, models
 
 MiB = 2**20
 
@@ -527,7 +527,7 @@ class FakeAllocator:
 
     def install(self, monkeypatch):
         cuda = torch.cuda
-        monkeypatch.setattr(memory, "_resolve", lambda device: torch.device("cuda", 0))
+        monkeypatch.setattr(accounting, "_resolve", lambda device: torch.device("cuda", 0))
         monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
         monkeypatch.setattr(cuda, "memory_allocated", lambda *a: self.allocated)
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: self.peak)
@@ -739,3 +739,19 @@ def test_budget_refuses_before_the_allocation(name, make, nbytes):
     events = prof.profiler.kineto_results.events()
     sizes = [e.nbytes() for e in events if e.name() == "[memory]" and e.nbytes() > 0]
     assert max(sizes, default=0) < nbytes, "the big output was never allocated"
+
+
+def test_two_rooms_one_door():
+    import subprocess
+    import sys
+
+    # counting stands alone (no import cycle); the anatomy builds on it; memory exposes both
+    code = (
+        "import sys, tutorial_utils.accounting as a; "
+        "assert 'tutorial_utils.anatomy' not in sys.modules; "
+        "import tutorial_utils.anatomy, tutorial_utils.memory as m; "
+        "print(sorted(m.__all__) == sorted(a.__all__ + tutorial_utils.anatomy.__all__))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+    assert all(hasattr(memory, name) for name in memory.__all__)

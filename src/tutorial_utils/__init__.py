@@ -1,7 +1,7 @@
 """Helpers for the PyTorch GPU memory and multi-GPU notebooks.
 
 Each module has one job: ``devices`` (find and pick devices), ``memory`` (exact memory
-measurement and estimation), ``monitor`` and ``gauges`` (live readings), ``timing``,
+measurement and estimation: ``accounting`` counts, ``anatomy`` dissects a training step), ``monitor`` and ``gauges`` (live readings), ``timing``,
 ``distributed`` (launch torchrun from a notebook), ``models`` (seeded demo models),
 ``exercises`` (checkers) and ``doctor`` (the environment). Import the module you need::
 
