@@ -142,3 +142,17 @@ def test_estimate_names_the_scratch_it_cannot_see():
 def test_estimate_of_a_plain_mlp_has_no_blind_spot():
     est = memory.estimate(bench.MODELS["MLP"][0], (8, 512), optimizer=torch.optim.AdamW)
     assert est.unseen_scratch == () and "may be higher" not in repr(est)
+
+
+WIDE_NAMES = [n for n in bench.WIDE_MODELS if n not in bench.MODELS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WIDE_NAMES)
+def test_every_family_is_exact_or_flagged(name):
+    # fp32, AdamW, batch 2 (the wide table in the benchmark adds bf16 autocast, SGD, batch 32)
+    row = bench.compare(name, 2, "AdamW")
+    assert abs(row.bd_err) <= 0.01, f"breakdown {row.breakdown} vs allocator {row.profiler}"
+    assert abs(row.est_err) <= 0.03 or row.unseen, (
+        f"estimate {row.estimate} vs {row.breakdown}, and no flag"
+    )
