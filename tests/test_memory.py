@@ -733,7 +733,7 @@ def test_budget_refuses_before_the_allocation(name, make, nbytes):
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with pytest.raises(torch.OutOfMemoryError, match="a new tensor of shape"):
+        with pytest.raises(torch.OutOfMemoryError, match=r"shape \("):
             with memory.budget("1 MiB"):
                 make()
     events = prof.profiler.kineto_results.events()

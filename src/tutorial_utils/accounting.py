@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -356,8 +357,13 @@ class _Accountant(TorchDispatchMode):
             numel = 1
             for n in shape:
                 numel *= n
+            what = (
+                f"a new tensor of shape {tuple(shape)}"
+                if func in _FACTORIES
+                else f"the output of {func} (shape {tuple(shape)})"
+            )
             with self.lock:
-                self._check_budget(numel * dtype.itemsize, f"a new tensor of shape {tuple(shape)}")
+                self._check_budget(numel * dtype.itemsize, what)
 
     # --- windows ---------------------------------------------------------------------------
 
@@ -448,7 +454,6 @@ def _release_shared(acc: _Accountant, window: _Window) -> None:
 def _quiet_stderr() -> Iterator[None]:
     """Silence file descriptor 2: the profiler's C++ side writes a line when it starts and stops,
     past Python's sys.stderr (a notebook would show it under the cell)."""
-    import os
     import sys
 
     sys.stderr.flush()
@@ -498,6 +503,10 @@ class _AllocatorRecorder:
         )
 
         # (state, report_input_shapes, profile_memory, with_stack, with_flops, with_modules, ...)
+        # Kineto reads its log level once, when the first profiler starts in the process: set
+        # the quiet level notebook 05 uses (unless the user chose one), or every later
+        # torch.profiler run in the session prints a start and a stop line on stderr.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         config = ProfilerConfig(
             ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig()
         )
