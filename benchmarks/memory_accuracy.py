@@ -156,6 +156,25 @@ def compare(name: str, batch: int, opt_name: str, autocast: bool = False) -> Row
     return Row(name, batch, opt_name, prof, real, est.peak, autocast, est.unseen_scratch)
 
 
+def per_op_overhead(n: int = 20_000, repeats: int = 5) -> tuple[float, float]:
+    """Seconds per small operator (``x + 1`` on 16x16), bare and with a CPU ``Tracker`` running."""
+    x = torch.randn(16, 16)
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x + 1
+        return (time.perf_counter() - t0) / n
+
+    bare = statistics.median(run() for _ in range(repeats))
+    tracker = memory.Tracker("cpu").start()
+    try:
+        tracked = statistics.median(run() for _ in range(repeats))
+    finally:
+        tracker.stop()
+    return bare, tracked
+
+
 def overhead_ratio(
     name: str, batch: int, repeats: int = 7, tracking: bool = False
 ) -> tuple[float, float, float]:
@@ -520,6 +539,12 @@ def main(argv=None) -> int:
     if args.skip_timings:
         return 0
 
+    bare, tracked = per_op_overhead()
+    print(
+        f"\nper-operator overhead of a running Tracker (x + 1 on 16x16, median of 5 x 20k): "
+        f"{bare * 1e6:.2f} us bare, {tracked * 1e6:.2f} us tracked, "
+        f"+{(tracked - bare) * 1e6:.2f} us per operator"
+    )
     print("\nmeasure() overhead on one Adam training step (median of 7, interleaved):")
     for tracking in (False, True):
         print(

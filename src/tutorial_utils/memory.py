@@ -40,6 +40,10 @@ What the CPU accounting cannot see, and what we do about it:
 - ``estimate`` runs on fake tensors, which cannot see scratch at all beyond those rules: its
   ``unseen_scratch`` names the operators of the step known to need more (oneDNN convolutions,
   GroupNorm / LayerNorm backward, CPU flash attention, oneDNN's LSTM...).
+- Any ``TorchDispatchMode`` (ours, or a no-op one) can change the program it watches: under
+  CPU bf16 autocast a tied-embedding LM's step peaks 27% higher with a mode on than without,
+  and ``nn.MultiheadAttention`` 3-8% higher (benchmarks/memory_accuracy.py --wide). Our
+  ``breakdown`` reads the allocator while its books are on, so it reports the watched step.
 - Python numbers passed to an operator become 8-byte tensors before dispatch: a few bytes.
 - Code compiled by ``torch.compile`` allocates its buffers below the dispatcher: measure the
   uncompiled model.
