@@ -327,18 +327,19 @@ def test_breakdown_of_a_meta_model_points_to_estimate():
 # --- estimate -------------------------------------------------------------------------------
 
 
-def _same(a: memory.MemoryBreakdown, b: memory.MemoryBreakdown):
-    """Equal categories and booked peaks to the byte; allocator peaks within 256 bytes.
+def _same(est: memory.MemoryBreakdown, real: memory.MemoryBreakdown):
+    """Equal categories to the byte; peaks within 256 bytes, or 3% where the estimate flags scratch.
 
     A real CPU step's ``peak`` comes from the allocator, which also sees the 8-byte tensors that
-    Python numbers become inside operators (``x * 2``, Adam's step arithmetic); the books do not.
+    Python numbers become inside operators (``x * 2``, Adam's step arithmetic), and the scratch
+    inside operators that ``est.unseen_scratch`` names.
     """
-    cats = [n for n in a.as_dict() if n != "peak"]
+    cats = [n for n in est.as_dict() if n != "peak"]
+    slack = max(256, 0.03 * real.peak) if est.unseen_scratch else 256
     return (
-        all(getattr(a, n) == getattr(b, n) for n in cats)
-        and a.booked_peak == b.booked_peak
-        and abs(a.peak - b.peak) <= 256
-        and a.peak_phase == b.peak_phase
+        all(getattr(est, n) == getattr(real, n) for n in cats)
+        and abs(est.peak - real.peak) <= slack
+        and est.peak_phase == real.peak_phase
     )
 
 
@@ -487,7 +488,6 @@ def test_estimate_matches_breakdown_over_shapes_and_dtypes(
     est = memory.estimate(make, memory.spec((batch, d_in), dtype), optimizer=opt)
     for name in ("parameters", "gradients", "optimizer_state", "activations", "inputs"):
         assert getattr(est, name) == getattr(real, name), name
-    assert abs(est.peak - real.booked_peak) <= 0.03 * real.booked_peak
     # the allocator also sees the few 8-byte tensors Python numbers become inside operators
     assert abs(est.peak - real.peak) <= 0.03 * real.peak + 256
 
@@ -504,10 +504,12 @@ def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
         models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt
     )
     est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
-    # the books agree to the byte; the allocator's peak also holds oneDNN's scratch, which
-    # fake tensors cannot see, and the estimate says so
-    assert est.as_dict() == {**real.as_dict(), "peak": real.booked_peak}
-    assert real.peak >= real.booked_peak
+    # the categories agree to the byte; the allocator's peak also holds oneDNN's scratch,
+    # which fake tensors cannot see, and the estimate says so
+    assert {**est.as_dict(), "peak": 0} == {**real.as_dict(), "peak": 0}
+    assert est.peak <= real.peak and {"convolution", "convolution_backward"} & set(
+        est.unseen_scratch
+    )
 
 
 # --- CUDA paths, against a stand-in allocator (this CI has no GPU) ---------------------------

@@ -43,8 +43,6 @@ def test_breakdown_matches_the_profiler_on_the_facts_example():
     # breakdown reads the same allocator events; the two runs differ only by the few
     # 8-byte tensors that Python numbers become inside operators (timing-dependent order)
     assert abs(profiled - step.peak) <= 64
-    # the dispatch-level books miss exactly those scalars and nothing else here
-    assert 0 <= profiled - step.booked_peak <= 64
 
 
 CASES = [
@@ -124,10 +122,11 @@ def test_breakdown_peak_is_the_allocators_on_models_outside_the_benchmark(make, 
 
 def test_the_books_alone_miss_scratch_inside_operators():
     # why breakdown reads the allocator: the transposed convolutions' and GroupNorm's scratch
-    # never leaves the operator, so the dispatch-level books come out more than 10% low
+    # never leaves the operator, so a count of tensor storages comes out more than 10% low
     x = torch.randn(8, 3, 64, 64)
     step = memory.breakdown(ConvEncoderDecoder(), x, optimizer=torch.optim.AdamW)
-    assert step.booked_peak < 0.9 * step.peak
+    books = memory.estimate(ConvEncoderDecoder, x, optimizer=torch.optim.AdamW)
+    assert books.peak < 0.9 * step.peak and books.unseen_scratch
 
 
 def test_estimate_names_the_scratch_it_cannot_see():

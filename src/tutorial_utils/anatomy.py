@@ -79,7 +79,9 @@ class MemoryBreakdown:
     # operators included), "CUDA allocator", "tensor storages" (the dispatch-level books, when
     # another profiler is running) or "fake tensors" (estimate).
     peak_source: str = "tensor storages"
-    booked_peak: int = 0  # the peak of the tensor storages booked at dispatch (no scratch)
+    # The peak of the tensor storages booked at dispatch (no scratch); 0 for a real CPU step,
+    # which runs without the books so that they cannot change it.
+    booked_peak: int = 0
     # estimate only: operators in the step whose CPU kernels allocate scratch that fake tensors
     # cannot see, so the true peak may be higher than ``peak``.
     unseen_scratch: tuple[str, ...] = ()
@@ -288,7 +290,11 @@ def _run_step(
     window = acc.open_window()
     phase_peaks = {}
     try:
-        with recorder or contextlib.nullcontext(), acc:
+        # With the allocator recording, the books stay off: any dispatch mode changes some
+        # steps (CPU autocast's cast cache, MultiheadAttention's path), and the categories come
+        # from the parameters, the saved-tensor hooks and the optimizer state, not the books.
+        books = acc if recorder is None else contextlib.nullcontext()
+        with recorder or contextlib.nullcontext(), books:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 try:
                     with mark("forward"):
@@ -321,7 +327,7 @@ def _run_step(
     finally:
         watch.remove()
         acc.close_window(window)
-    booked_peak = max(phase_peaks.values())
+    booked_peak = max(phase_peaks.values()) if recorder is None else 0
     if recorder is not None:
         phase_peaks = {name: window.start + peak for name, peak in recorder.peaks().items()}
     phase = max(phase_peaks, key=phase_peaks.get)

@@ -31,19 +31,19 @@ What the CPU accounting cannot see, and what we do about it:
 
 - Scratch buffers an operator allocates and frees *inside itself* never leave it, so no
   dispatch-level counter sees them. ``breakdown`` therefore takes its CPU peak from the CPU
-  allocator itself (the profiler's memory events, ``_AllocatorRecorder``), scratch included,
-  and keeps the books for the categories. ``measure`` and ``Tracker`` stay on the books (the
-  profiler costs about 0.1 s to stop); where PyTorch's CPU kernels make scratch predictably
-  the books add it (``_scratch_bytes``: the operand copy of a matrix multiply, the im2col
-  buffer of PyTorch's own convolution, a temporary in batch-norm backward; checked against
-  the profiler in tests/test_memory_accuracy.py).
+  allocator itself (the profiler's memory events, ``accounting._AllocatorRecorder``), scratch
+  included, and runs the step without the books: any ``TorchDispatchMode`` (ours, or a no-op
+  one) changes some programs (under CPU bf16 autocast a tied-embedding LM peaks 27% higher with
+  a mode on, ``nn.MultiheadAttention`` 8% higher). Its categories come from the parameters,
+  saved-tensor hooks and optimizer state. A ``Tracker`` left running during ``breakdown`` keeps
+  its mode on, with that effect.
+- ``measure`` and ``Tracker`` stay on the books (the profiler costs about 0.1 s to stop);
+  where PyTorch's CPU kernels make scratch predictably the books add it (``_scratch_bytes``:
+  the operand copy of a matrix multiply, the im2col buffer of PyTorch's own convolution, a
+  temporary in batch-norm backward; checked against the profiler in tests).
 - ``estimate`` runs on fake tensors, which cannot see scratch at all beyond those rules: its
   ``unseen_scratch`` names the operators of the step known to need more (oneDNN convolutions,
   GroupNorm / LayerNorm backward, CPU flash attention, oneDNN's LSTM...).
-- Any ``TorchDispatchMode`` (ours, or a no-op one) can change the program it watches: under
-  CPU bf16 autocast a tied-embedding LM's step peaks 27% higher with a mode on than without,
-  and ``nn.MultiheadAttention`` 3-8% higher (benchmarks/memory_accuracy.py --wide). Our
-  ``breakdown`` reads the allocator while its books are on, so it reports the watched step.
 - Python numbers passed to an operator become 8-byte tensors before dispatch: a few bytes.
 - Code compiled by ``torch.compile`` allocates its buffers below the dispatcher: measure the
   uncompiled model.
