@@ -9,11 +9,15 @@ training step's peak tensor memory on the CPU:
 - ``breakdown``: ``memory.breakdown`` (a real step, booked by our dispatch-level accountant).
 - ``estimate``: ``memory.estimate`` (the same step on fake tensors, nothing allocated).
 
-Targets: estimate within 3% of breakdown, breakdown within 1% of the profiler. It also times
+Targets: breakdown within 1% of the profiler (it reads the same allocator events), estimate
+within 3% of breakdown or flagged (``unseen_scratch`` names the operators whose scratch fake
+tensors cannot see). It also times
 ``measure()`` around a training step (overhead ratio) and ``estimate()`` of a 7B transformer.
 
     python benchmarks/memory_accuracy.py           # the quick sweep (about a minute)
     python benchmarks/memory_accuracy.py --full    # every model x batch 1..64 x 4 optimizers
+    python benchmarks/memory_accuracy.py --wide --skip-timings   # 22 families x 2 batches x
+                                                   # fp32/bf16 autocast x SGD/AdamW
 """
 
 from __future__ import annotations
@@ -117,6 +121,8 @@ class Row:
     profiler: int
     breakdown: int
     estimate: int
+    autocast: bool = False
+    unseen: tuple[str, ...] = ()  # operators the estimate flags as having scratch it cannot see
 
     @property
     def est_err(self) -> float:
@@ -128,16 +134,45 @@ class Row:
 
     @property
     def ok(self) -> bool:
-        return abs(self.est_err) <= 0.03 and abs(self.bd_err) <= 0.01
+        """Breakdown within 1% of the allocator, estimate within 3% of it or flagged."""
+        return abs(self.bd_err) <= 0.01 and (abs(self.est_err) <= 0.03 or bool(self.unseen))
 
 
-def compare(name: str, batch: int, opt_name: str) -> Row:
-    make_model, make_batch = MODELS[name]
+def compare(name: str, batch: int, opt_name: str, autocast: bool = False) -> Row:
+    make_model, make_batch = WIDE_MODELS[name]
     optimizer = OPTIMIZERS[opt_name]
-    prof = profiler_peak(make_model(), make_batch(batch), optimizer)
-    real = memory.breakdown(make_model(), make_batch(batch), optimizer=optimizer).peak
-    est = memory.estimate(make_model, make_batch(batch), optimizer=optimizer, device="cpu").peak
-    return Row(name, batch, opt_name, prof, real, est)
+
+    def amp():  # a fresh autocast region for each figure: its cast cache lives as long as it
+        return torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
+
+    with amp():
+        torch.manual_seed(0)
+        prof = profiler_peak(make_model(), make_batch(batch), optimizer)
+    with amp():
+        torch.manual_seed(0)
+        real = memory.breakdown(make_model(), make_batch(batch), optimizer=optimizer).peak
+    with amp():
+        est = memory.estimate(make_model, make_batch(batch), optimizer=optimizer, device="cpu")
+    return Row(name, batch, opt_name, prof, real, est.peak, autocast, est.unseen_scratch)
+
+
+def per_op_overhead(n: int = 20_000, repeats: int = 5) -> tuple[float, float]:
+    """Seconds per small operator (``x + 1`` on 16x16), bare and with a CPU ``Tracker`` running."""
+    x = torch.randn(16, 16)
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x + 1
+        return (time.perf_counter() - t0) / n
+
+    bare = statistics.median(run() for _ in range(repeats))
+    tracker = memory.Tracker("cpu").start()
+    try:
+        tracked = statistics.median(run() for _ in range(repeats))
+    finally:
+        tracker.stop()
+    return bare, tracked
 
 
 def overhead_ratio(
@@ -218,6 +253,214 @@ class _Block(nn.Module):
         return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
 
 
+# -----------------------------------------------------------------------------
+# More families, built here (a CPU torchvision matching torch 2.13 is not installable without
+# a multi-GB CUDA build on this machine): each small enough for a CPU step in well under a second.
+
+
+def _seq(layers):
+    return lambda: nn.Sequential(*layers())
+
+
+class _Residual(nn.Module):
+    """A ResNet basic block: conv-BN-ReLU-conv-BN plus the input."""
+
+    def __init__(self, c: int = 32):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.body = nn.Sequential(
+            nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+            nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c),
+        )  # fmt: skip
+
+    def forward(self, x):  # (B, 3, H, W) -> (B, c, H, W)
+        h = self.stem(x)
+        return torch.relu(h + self.body(h))
+
+
+class _UNetish(nn.Module):
+    """Strided convolutions down, transposed convolutions up, GroupNorm, one skip connection."""
+
+    def __init__(self):
+        super().__init__()
+        self.down1 = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.GroupNorm(4, 16), nn.SiLU())
+        self.down2 = nn.Sequential(nn.Conv2d(16, 32, 3, 2, 1), nn.GroupNorm(8, 32), nn.SiLU())
+        self.up2 = nn.Sequential(
+            nn.ConvTranspose2d(32, 16, 4, 2, 1), nn.GroupNorm(4, 16), nn.SiLU()
+        )
+        self.up1 = nn.ConvTranspose2d(32, 3, 4, 2, 1)
+
+    def forward(self, x):  # (B, 3, H, W) -> (B, 3, H, W)
+        d1 = self.down1(x)
+        return self.up1(torch.cat([self.up2(self.down2(d1)), d1], dim=1))
+
+
+class _Recurrent(nn.Module):
+    """Embedding, a recurrent layer (nn.GRU or nn.RNN), a classifier on the last step."""
+
+    def __init__(self, kind, vocab: int = 1000, d: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.rnn = kind(d, d, batch_first=True)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, tokens):  # (B, T) -> (B, 10)
+        return self.head(self.rnn(self.embed(tokens))[0][:, -1])
+
+
+class _Decoder(nn.Module):
+    """nn.TransformerDecoderLayer over an embedded target, attending to an encoded memory."""
+
+    def __init__(self, vocab: int = 1000, d: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layer = nn.TransformerDecoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.memory = nn.Parameter(torch.randn(16, d) * 0.02)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):  # (B, T) -> (B, T, vocab)
+        x = self.embed(tokens)
+        mem = self.memory.expand(x.shape[0], -1, -1)
+        return self.head(self.layer(x, mem, tgt_is_causal=False))
+
+
+class _SelfAttention(nn.Module):
+    """nn.MultiheadAttention on its own, with a residual and a LayerNorm."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):  # (B, T, d) -> (B, T, d)
+        return self.norm(x + self.attn(x, x, x, need_weights=False)[0])
+
+
+class _TiedTransformerLM(nn.Module):
+    """Embedding, a transformer layer, an output layer sharing the embedding's weight."""
+
+    def __init__(self, vocab: int = 2000, d: int = 64):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.block = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):  # (B, T) -> (B, T, vocab)
+        return self.head(self.block(self.embed(tokens)))
+
+
+def _mini_llama():
+    return nn.Sequential(_Block(64, 172, 4), _Block(64, 172, 4))
+
+
+def _images(size: int, channels: int = 3):
+    return lambda b: torch.randn(b, channels, size, size, generator=models.seeded(1))
+
+
+def _vectors(d: int):
+    return lambda b: torch.randn(b, d, generator=models.seeded(1))
+
+
+def _sequences(t: int, d: int, layout: str = "btd"):
+    shape = (lambda b: (b, t, d)) if layout == "btd" else (lambda b: (b, d, t))
+    return lambda b: torch.randn(*shape(b), generator=models.seeded(1))
+
+
+def _tokens(seq: int = 16, vocab: int = 1000):
+    return lambda b: models.token_batch(b, seq=seq, vocab=vocab)
+
+
+WIDE_MODELS = {
+    **MODELS,
+    "ResNet block": (_Residual, _images(16)),
+    "UNet-ish": (_UNetish, _images(32)),
+    "GRU": (lambda: _Recurrent(nn.GRU), _tokens()),
+    "RNN(tanh)": (lambda: _Recurrent(nn.RNN), _tokens()),
+    "TransformerDecoder": (_Decoder, _tokens()),
+    "SelfAttention": (_SelfAttention, _sequences(16, 64)),
+    "TiedTransformerLM": (_TiedTransformerLM, _tokens(vocab=2000)),
+    "MiniLlama(RMSNorm)": (_mini_llama, _sequences(16, 64)),
+    "LayerNorm MLP": (
+        _seq(lambda: [nn.Linear(256, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 10)]),
+        _vectors(256),
+    ),
+    "BatchNorm MLP": (
+        _seq(lambda: [nn.Linear(256, 512), nn.BatchNorm1d(512), nn.ReLU(), nn.Linear(512, 10)]),
+        _vectors(256),
+    ),
+    "GroupNorm CNN": (
+        _seq(
+            lambda: [
+                nn.Conv2d(3, 32, 3, padding=1),
+                nn.GroupNorm(8, 32),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+                nn.Linear(32, 10),
+            ]
+        ),
+        _images(16),
+    ),  # fmt: skip
+    "InstanceNorm+MaxPool CNN": (
+        _seq(
+            lambda: [
+                nn.Conv2d(3, 16, 3, padding=1),
+                nn.InstanceNorm2d(16, affine=True),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+                nn.Linear(16 * 8 * 8, 10),
+            ]
+        ),
+        _images(16),
+    ),  # fmt: skip
+    "Depthwise-separable CNN": (
+        _seq(
+            lambda: [
+                nn.Conv2d(3, 32, 3, padding=1),
+                nn.Conv2d(32, 32, 3, padding=1, groups=32),
+                nn.Conv2d(32, 64, 1),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+                nn.Linear(64, 10),
+            ]
+        ),
+        _images(16),
+    ),  # fmt: skip
+    "Conv1d": (
+        _seq(
+            lambda: [
+                nn.Conv1d(32, 64, 5, padding=2),
+                nn.ReLU(),
+                nn.Conv1d(64, 64, 5, padding=2),
+                nn.AdaptiveMaxPool1d(1),
+                nn.Flatten(),
+                nn.Linear(64, 10),
+            ]
+        ),
+        _sequences(64, 32, layout="bdt"),
+    ),  # fmt: skip
+    "Conv3d": (
+        _seq(
+            lambda: [
+                nn.Conv3d(2, 8, 3, padding=1),
+                nn.ReLU(),
+                nn.AdaptiveAvgPool3d(1),
+                nn.Flatten(),
+                nn.Linear(8, 10),
+            ]
+        ),
+        lambda b: torch.randn(b, 2, 8, 8, 8, generator=models.seeded(1)),
+    ),  # fmt: skip
+    "Autoencoder(Dropout)": (
+        _seq(lambda: [nn.Linear(256, 64), nn.Tanh(), nn.Dropout(0.1), nn.Linear(64, 256)]),
+        _vectors(256),
+    ),
+}
+
+
 def time_7b(batch: int = 1, seq: int = 512) -> tuple[float, memory.MemoryBreakdown]:
     t0 = time.perf_counter()
     result = memory.estimate(
@@ -234,7 +477,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--batches", type=int, nargs="*", help="batch sizes (overrides the default)"
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every family (22 models) x batch 2, 32 x fp32 / bf16 autocast x SGD, AdamW",
+    )
     parser.add_argument("--skip-7b", action="store_true")
+    parser.add_argument("--skip-timings", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # steadier timings on a shared machine
 
@@ -242,33 +491,60 @@ def main(argv=None) -> int:
         batches = args.batches
     else:
         batches = [1, 8, 32, 64] if args.full else [1, 64]
-    plan = [
-        (name, b, opt)
-        for name in MODELS
-        for b in batches
-        for opt in (OPTIMIZERS if args.full else (["none", "AdamW"] if b == 1 else ["SGD", "Adam"]))
-    ]
+    if args.wide:
+        plan = [
+            (name, b, opt, amp)
+            for name in WIDE_MODELS
+            for b in (args.batches or [2, 32])
+            for amp in (False, True)
+            for opt in ("SGD", "AdamW")
+        ]
+    else:
+        plan = [
+            (name, b, opt, False)
+            for name in MODELS
+            for b in batches
+            for opt in (
+                OPTIMIZERS if args.full else (["none", "AdamW"] if b == 1 else ["SGD", "Adam"])
+            )
+        ]
     print(
-        f"{'model':<16}{'batch':>6} {'optim':<6}{'profiler':>14}{'breakdown':>14}{'estimate':>14}"
-        f"{'bd vs prof':>11}{'est vs bd':>10}"
+        f"{'model':<25}{'batch':>6} {'amp':<5}{'optim':<6}{'truth':>14}{'breakdown':>14}"
+        f"{'estimate':>14}{'bd err':>9}{'est err':>9}  flagged by estimate"
     )
     rows = []
-    for name, b, opt in plan:
-        row = compare(name, b, opt)
+    for name, b, opt, amp in plan:
+        try:
+            row = compare(name, b, opt, amp)
+        except Exception as exc:  # a case that cannot run is a line in the table, not a crash
+            print(f"{name:<25}{b:>6} {'bf16' if amp else 'fp32':<5}{opt:<6}  failed: {exc}")
+            continue
         rows.append(row)
         flag = "" if row.ok else "  <-- off target"
         print(
-            f"{name:<16}{b:>6} {opt:<6}{row.profiler / 2**20:>10.3f} MiB{row.breakdown / 2**20:>10.3f} MiB"
-            f"{row.estimate / 2**20:>10.3f} MiB{row.bd_err:>+10.2%}{row.est_err:>+10.2%}{flag}",
+            f"{name:<25}{b:>6} {'bf16' if amp else 'fp32':<5}{opt:<6}"
+            f"{row.profiler / 2**20:>10.3f} MiB{row.breakdown / 2**20:>10.3f} MiB"
+            f"{row.estimate / 2**20:>10.3f} MiB{row.bd_err:>+9.2%}{row.est_err:>+9.2%}"
+            f"  {', '.join(row.unseen) or '-'}{flag}",
             flush=True,
         )
     ok = sum(r.ok for r in rows)
+    silent = [r for r in rows if abs(r.est_err) > 0.03 and not r.unseen]
     print(
-        f"\n{ok} of {len(rows)} cases within both targets "
-        f"(worst breakdown vs profiler {max(abs(r.bd_err) for r in rows):.2%}, "
-        f"worst estimate vs breakdown {max(abs(r.est_err) for r in rows):.2%})"
+        f"\n{ok} of {len(rows)} cases on target (breakdown within 1% of the allocator, estimate "
+        f"within 3% or flagged); worst breakdown error {max(abs(r.bd_err) for r in rows):.2%}, "
+        f"worst estimate error {max(abs(r.est_err) for r in rows):.2%}, "
+        f"{len(silent)} estimates off by more than 3% without a flag"
     )
+    if args.skip_timings:
+        return 0
 
+    bare, tracked = per_op_overhead()
+    print(
+        f"\nper-operator overhead of a running Tracker (x + 1 on 16x16, median of 5 x 20k): "
+        f"{bare * 1e6:.2f} us bare, {tracked * 1e6:.2f} us tracked, "
+        f"+{(tracked - bare) * 1e6:.2f} us per operator"
+    )
     print("\nmeasure() overhead on one Adam training step (median of 7, interleaved):")
     for tracking in (False, True):
         print(

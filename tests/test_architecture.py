@@ -78,7 +78,8 @@ def test_modules_import_only_from_layers_below_or_earlier_in_their_own():
 
 
 def test_import_reader_sees_imports():
-    assert "devices" in imports_of("memory")
+    assert "devices" in imports_of("accounting")
+    assert {"accounting", "anatomy"} <= imports_of("memory")
     assert {"memory", "devices"} <= imports_of("exercises")
 
 

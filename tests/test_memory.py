@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from tutorial_utils import devices, memory, models
+from tutorial_utils import accounting, devices, memory, models
 
 MiB = 2**20
 
@@ -327,8 +327,20 @@ def test_breakdown_of_a_meta_model_points_to_estimate():
 # --- estimate -------------------------------------------------------------------------------
 
 
-def _same(a: memory.MemoryBreakdown, b: memory.MemoryBreakdown):
-    return a.as_dict() == b.as_dict() and a.peak_phase == b.peak_phase
+def _same(est: memory.MemoryBreakdown, real: memory.MemoryBreakdown):
+    """Equal categories to the byte; peaks within 256 bytes, or 3% where the estimate flags scratch.
+
+    A real CPU step's ``peak`` comes from the allocator, which also sees the 8-byte tensors that
+    Python numbers become inside operators (``x * 2``, Adam's step arithmetic), and the scratch
+    inside operators that ``est.unseen_scratch`` names.
+    """
+    cats = [n for n in est.as_dict() if n != "peak"]
+    slack = max(256, 0.03 * real.peak) if est.unseen_scratch else 256
+    return (
+        all(getattr(est, n) == getattr(real, n) for n in cats)
+        and abs(est.peak - real.peak) <= slack
+        and est.peak_phase == real.peak_phase
+    )
 
 
 def test_estimate_equals_breakdown_for_the_facts_example():
@@ -476,7 +488,8 @@ def test_estimate_matches_breakdown_over_shapes_and_dtypes(
     est = memory.estimate(make, memory.spec((batch, d_in), dtype), optimizer=opt)
     for name in ("parameters", "gradients", "optimizer_state", "activations", "inputs"):
         assert getattr(est, name) == getattr(real, name), name
-    assert abs(est.peak - real.peak) <= 0.03 * real.peak
+    # the allocator also sees the few 8-byte tensors Python numbers become inside operators
+    assert abs(est.peak - real.peak) <= 0.03 * real.peak + 256
 
 
 @settings(max_examples=6, deadline=None)
@@ -491,7 +504,12 @@ def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
         models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt
     )
     est = memory.estimate(lambda: models.ConvNet(channels), (batch, 3, size, size), optimizer=opt)
-    assert est.as_dict() == real.as_dict()
+    # the categories agree to the byte; the allocator's peak also holds oneDNN's scratch,
+    # which fake tensors cannot see, and the estimate says so
+    assert {**est.as_dict(), "peak": 0} == {**real.as_dict(), "peak": 0}
+    assert est.peak <= real.peak and {"convolution", "convolution_backward"} & set(
+        est.unseen_scratch
+    )
 
 
 # --- CUDA paths, against a stand-in allocator (this CI has no GPU) ---------------------------
@@ -511,7 +529,7 @@ class FakeAllocator:
 
     def install(self, monkeypatch):
         cuda = torch.cuda
-        monkeypatch.setattr(memory, "_resolve", lambda device: torch.device("cuda", 0))
+        monkeypatch.setattr(accounting, "_resolve", lambda device: torch.device("cuda", 0))
         monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
         monkeypatch.setattr(cuda, "memory_allocated", lambda *a: self.allocated)
         monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: self.peak)
@@ -607,3 +625,135 @@ def test_gradients_made_in_cpp_count_as_existing():
             p.grad.zero_()  # in place: no new memory
     assert m.delta_bytes == 0 and m.peak_above_start_bytes == 0
     assert m.start_bytes >= 2 * sum(p.nbytes for p in model.parameters())
+
+
+def test_estimate_refuses_a_step_that_cannot_run():
+    with pytest.raises(RuntimeError, match="same dtype"):  # the real step raises
+        memory.breakdown(nn.Linear(4, 4), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(memory.EstimateError, match=r"Linear.*one dtype.*float32 and int64") as e:
+        memory.estimate(nn.Linear(4, 4), memory.spec((2, 4), torch.long))
+    assert "\n" not in str(e.value)
+
+
+# --- corners ----------------------------------------------------------------------------------
+
+
+def test_a_storage_resized_to_nothing_is_booked():
+    # how FSDP2 frees its gathered weights: the storage shrinks, no operator runs
+    with memory.measure("cpu") as m:
+        x = torch.empty(1024)
+        x.untyped_storage().resize_(0)
+    assert m.delta_bytes == 0
+    with memory.measure("cpu") as m:
+        x.untyped_storage().resize_(4096)
+    assert m.delta_bytes == 4096
+
+
+def test_a_thread_that_dies_with_a_running_tracker_does_not_touch_the_next(monkeypatch):
+    import threading
+
+    ident = {}
+
+    def abandon():
+        ident["dead"] = threading.get_ident()
+        memory.Tracker("cpu").start()  # never stopped
+
+    t = threading.Thread(target=abandon)
+    t.start()
+    t.join()
+    seen, done = {}, threading.Event()
+
+    def count():
+        # thread ids are reused once a thread is gone: pretend this one got the dead one's
+        monkeypatch.setattr(threading, "get_ident", lambda: ident["dead"])
+        try:
+            with memory.measure("cpu") as m:
+                x = torch.empty(1024)
+            seen["delta"], seen["peak"] = m.delta_bytes, m.peak_above_start_bytes
+            del x
+        finally:
+            monkeypatch.undo()
+            done.set()
+
+    t = threading.Thread(target=count)
+    t.start()
+    done.wait(30)
+    t.join()
+    assert seen == {"delta": 4096, "peak": 4096}
+
+
+def test_frees_on_other_threads_give_no_negative_delta():
+    import threading
+
+    made_elsewhere = []
+    with memory.measure("cpu") as m:
+        x = torch.empty(1024)  # booked by this thread
+        t = threading.Thread(target=lambda: made_elsewhere.append(torch.empty(2048)))
+        t.start()
+        t.join()
+        box = [x]
+        del x
+        t = threading.Thread(target=box.clear)  # the last reference dies on another thread
+        t.start()
+        t.join()
+        made_elsewhere.clear()  # never booked here: freeing it changes nothing
+    assert m.delta_bytes == 0
+    assert m.peak_above_start_bytes == 4096
+
+
+def test_estimate_inside_a_budget_allocates_nothing_so_raises_nothing():
+    model = nn.Linear(1024, 1024)  # 4 MiB, built outside the budget
+    limit = model.weight.nbytes + 2**20
+    with memory.budget(limit):
+        est = memory.estimate(model, (4096, 1024), optimizer=torch.optim.AdamW)
+    assert est.peak > 5 * limit, "the step it describes would not fit, yet nothing was refused"
+
+
+def test_breakdown_leaves_batchnorm_running_stats_as_they_were():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    memory.breakdown(model, torch.randn(8, 4) + 3)
+    after = model.state_dict()
+    for k in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+        assert torch.equal(after[k], before[k]), k
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "nbytes"),
+    [
+        ("randint", lambda: torch.randint(0, 10, (1 << 20,)), 8 << 20),
+        ("randint low", lambda: torch.randint(3, 10, (1 << 20,)), 8 << 20),
+        ("arange", lambda: torch.arange(1 << 20), 8 << 20),
+        ("arange float", lambda: torch.arange(0.0, 1 << 20, 0.5), 8 << 20),
+        ("repeat", lambda: torch.ones(1024).repeat(2, 512), 4 << 20),
+        ("cat", lambda: torch.cat([torch.ones(1 << 17)] * 8), 4 << 20),
+        ("matmul", lambda: torch.ones(1024, 1) @ torch.ones(1, 1024), 4 << 20),
+        ("bmm", lambda: torch.ones(4, 512, 1) @ torch.ones(4, 1, 512), 4 << 20),
+    ],
+)
+def test_budget_refuses_before_the_allocation(name, make, nbytes):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with pytest.raises(torch.OutOfMemoryError, match=r"shape \("):
+            with memory.budget("1 MiB"):
+                make()
+    events = prof.profiler.kineto_results.events()
+    sizes = [e.nbytes() for e in events if e.name() == "[memory]" and e.nbytes() > 0]
+    assert max(sizes, default=0) < nbytes, "the big output was never allocated"
+
+
+def test_two_rooms_one_door():
+    import subprocess
+    import sys
+
+    # counting stands alone (no import cycle); the anatomy builds on it; memory exposes both
+    code = (
+        "import sys, tutorial_utils.accounting as a; "
+        "assert 'tutorial_utils.anatomy' not in sys.modules; "
+        "import tutorial_utils.anatomy, tutorial_utils.memory as m; "
+        "print(sorted(m.__all__) == sorted(a.__all__ + tutorial_utils.anatomy.__all__))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+    assert all(hasattr(memory, name) for name in memory.__all__)

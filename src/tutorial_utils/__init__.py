@@ -3,7 +3,9 @@
 Each module has one job:
 
 * ``devices``: find, describe and pick devices (CUDA, MPS, CPU); the one device resolver
-* ``memory``: exact memory measurement, a training step's breakdown, estimates, budgets
+* ``memory``: what the notebooks import; it re-exports the next two
+* ``accounting``: exact memory counting: ``measure``, ``Tracker``, ``budget``
+* ``anatomy``: what a training step holds: ``breakdown``, ``estimate``, ``spec``
 * ``nvml``: NVIDIA's management library (what ``nvidia-smi`` reads) without hangs or tracebacks
 * ``monitor``: sources of live readings (NVML, the torch allocator, GPUtil, psutil)
 * ``gauges``: ``LiveGauge``, live bars and a timeline from those sources

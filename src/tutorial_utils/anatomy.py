@@ -1,0 +1,636 @@
+"""The anatomy of one training step: ``breakdown`` (real), ``estimate`` (fake tensors), ``spec``.
+
+One job: say where the memory of a forward, backward and optimizer step goes, by category
+(parameters, gradients, optimizer state, activations) and at its peak. The categories come from
+the accountant's books (``tutorial_utils.accounting``); on the CPU the peak of a real step comes
+from the CPU allocator itself (profiler memory events), on CUDA from the caching allocator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .accounting import (
+    _Accountant,
+    _AllocatorRecorder,
+    _cuda_close,
+    _cuda_open,
+    _local,
+    _resolve,
+    _scratch_bytes,
+)
+from .units import format_bytes
+
+__all__ = [
+    "EstimateError",
+    "MemoryBreakdown",
+    "ModuleMemory",
+    "TensorSpec",
+    "breakdown",
+    "estimate",
+    "spec",
+]
+
+
+# -----------------------------------------------------------------------------
+# The result of breakdown and estimate
+
+
+@dataclass(frozen=True)
+class ModuleMemory:
+    """One module's share: its own parameters, and the tensors its forward saved for backward."""
+
+    name: str
+    kind: str
+    parameters: int
+    activations: int
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where the memory of one training step goes, in bytes.
+
+    ``parameters`` (and ``buffers``) and ``inputs`` exist before the step; ``activations`` are
+    the tensors saved for backward at the end of forward; ``gradients`` and
+    ``optimizer_state`` exist after backward and the optimizer step; ``peak`` is the most that
+    was alive at once during the step. Shared storages (views, tied weights) count once.
+    """
+
+    device: str
+    parameters: int
+    buffers: int
+    inputs: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    peak: int
+    peak_phase: str  # "forward", "backward" or "optimizer step"
+    estimated: bool
+    # Where ``peak`` comes from: "CPU allocator" (the profiler's memory events, scratch inside
+    # operators included), "CUDA allocator", "tensor storages" (the dispatch-level books, when
+    # another profiler is running) or "fake tensors" (estimate).
+    peak_source: str = "tensor storages"
+    # The peak of the tensor storages booked at dispatch (no scratch); 0 for a real CPU step,
+    # which runs without the books so that they cannot change it.
+    booked_peak: int = 0
+    # estimate only: operators in the step whose CPU kernels allocate scratch that fake tensors
+    # cannot see, so the true peak may be higher than ``peak``.
+    unseen_scratch: tuple[str, ...] = ()
+    modules: tuple[ModuleMemory, ...] = field(default=(), repr=False)
+
+    _CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations")
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in (*self._CATEGORIES, "peak")}
+
+    @property
+    def title(self) -> str:
+        how = "estimated with fake tensors" if self.estimated else "measured"
+        return f"training step on {self.device}, {how}"
+
+    def __repr__(self) -> str:
+        lines = [f"MemoryBreakdown({self.title})"]
+        for name in self._CATEGORIES:
+            lines.append(f"  {name.replace('_', ' '):<16}{format_bytes(getattr(self, name)):>12}")
+        lines.append(f"  {'peak':<16}{format_bytes(self.peak):>12}  (during {self.peak_phase})")
+        if self.unseen_scratch:
+            lines.append(f"  {self.scratch_note}")
+        return "\n".join(lines)
+
+    @property
+    def scratch_note(self) -> str:
+        """One sentence on the scratch an estimate cannot see ('' when there is none)."""
+        if not self.unseen_scratch:
+            return ""
+        return (
+            "the real peak may be higher: scratch inside "
+            + ", ".join(self.unseen_scratch)
+            + " is not visible to fake tensors"
+        )
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{n.replace('_', ' ')}</td>"
+            f"<td style='text-align:right'>{format_bytes(getattr(self, n))}</td></tr>"
+            for n in self._CATEGORIES
+        )
+        rows += (
+            f"<tr><th>peak</th><th style='text-align:right'>{format_bytes(self.peak)}</th></tr>"
+            f"<tr><td colspan='2'>peak reached during {self.peak_phase}</td></tr>"
+        )
+        if self.unseen_scratch:
+            rows += f"<tr><td colspan='2'>{self.scratch_note}</td></tr>"
+        table = f"<table><caption>{self.title}</caption>{rows}</table>"
+        shown = [m for m in self.modules if m.parameters or m.activations]
+        if shown:
+            body = "".join(
+                f"<tr><td>{m.name}</td><td>{m.kind}</td>"
+                f"<td style='text-align:right'>{format_bytes(m.parameters)}</td>"
+                f"<td style='text-align:right'>{format_bytes(m.activations)}</td></tr>"
+                for m in shown
+            )
+            table += (
+                "<table><caption>by module</caption><tr><th>module</th><th>type</th>"
+                f"<th>parameters</th><th>activations</th></tr>{body}</table>"
+            )
+        return table
+
+    def plot(self, ax=None):
+        """A stacked bar of the categories beside the peak; returns the matplotlib Axes.
+
+        The categories do not all live at the same time (activations are freed as gradients
+        appear), and the peak also holds temporaries, so the two bars differ.
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 2.6))
+        left = 0.0
+        for name in self._CATEGORIES:
+            mib = getattr(self, name) / 2**20
+            if mib > 0:
+                ax.barh(0, mib, left=left, label=name.replace("_", " "))
+                left += mib
+        ax.barh(1, self.peak / 2**20, color="0.35", label="peak")
+        ax.set_yticks([0, 1], ["categories (sum)", "peak"])
+        ax.set_xlabel("MiB")
+        ax.set_title(f"Memory of one {self.title}")
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+        ax.figure.tight_layout()
+        return ax
+
+
+# -----------------------------------------------------------------------------
+# One instrumented training step, shared by breakdown (real tensors) and estimate (fake ones)
+
+
+def _unique_bytes(tensors, skip: set[int] | None = None) -> tuple[int, set[int]]:
+    """Bytes of the distinct storages among ``tensors`` (minus ``skip``), and their keys."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        s = t.untyped_storage()
+        if s._cdata in seen or (skip and s._cdata in skip):
+            continue
+        seen.add(s._cdata)
+        total += s.nbytes()
+    return total, seen
+
+
+def _default_loss(output) -> torch.Tensor:
+    """The sum of the output's floating-point elements (a tensor, or a tuple / dict of them)."""
+    if isinstance(output, dict):
+        output = list(output.values())
+    parts = [output] if isinstance(output, torch.Tensor) else list(output)
+    floats = [t.sum() for t in parts if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not floats:
+        raise TypeError("the model's output has no floating-point tensor to sum; pass loss_fn=")
+    return floats[0] if len(floats) == 1 else torch.stack(floats).sum()
+
+
+def _make_optimizer(optimizer, params: list[nn.Parameter]):
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "pass the optimizer class (e.g. torch.optim.AdamW) or a function of the parameters, "
+            "not an optimizer instance, so the step starts from a fresh optimizer"
+        )
+    return optimizer(params)
+
+
+class EstimateError(RuntimeError):
+    """The model's step cannot run on fake tensors; the message names the module and why."""
+
+
+class _ModuleWatch:
+    """Forward hooks that say which module is running, so saved tensors can be attributed."""
+
+    def __init__(self, model: nn.Module):
+        self.stack: list[str] = []
+        self.names = {m: name or "(model)" for name, m in model.named_modules()}
+        self.handles = []
+        for m in self.names:
+            self.handles.append(m.register_forward_pre_hook(self._enter))
+            self.handles.append(
+                m.register_forward_hook(self._leave)
+            )  # not on error: keep the culprit
+
+    def _enter(self, module, args):
+        self.stack.append(self.names[module])
+
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def explain(self, exc: Exception) -> EstimateError:
+        """One sentence naming the innermost module that was running when ``exc`` was raised."""
+        if self.stack:
+            name = self.stack[-1]
+            kind = next(type(m).__name__ for m, n in self.names.items() if n == name)
+            where = f"{name} ({kind})"
+        else:
+            where = "the loss function"
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else "no message"
+        return EstimateError(
+            f"estimate could not run {where} on fake tensors: {type(exc).__name__}: {reason}"
+        )
+
+
+def _run_step(
+    model,
+    inputs,
+    loss_fn,
+    optimizer,
+    acc: _Accountant,
+    estimated: bool,
+    device_name: str,
+    recorder: _AllocatorRecorder | None = None,
+):
+    """Forward, backward and (optionally) an optimizer step, booked by ``acc``.
+
+    With a ``recorder`` (real CPU steps), the peak is the CPU allocator's own (scratch inside
+    operators included); the categories always come from the dispatch-level books.
+    """
+    mark = recorder.mark if recorder is not None else _no_mark
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+    param_bytes, param_keys = _unique_bytes(params)
+    buffer_bytes, buffer_keys = _unique_bytes(buffers, param_keys)
+    input_bytes, input_keys = _unique_bytes([x for x in inputs if isinstance(x, torch.Tensor)])
+    known = param_keys | buffer_keys | input_keys
+
+    saved: dict[int, int] = {}  # storage -> bytes, tensors saved for backward
+    per_module: dict[str, int] = {}
+    watch = _ModuleWatch(model)
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        if s._cdata not in known and s._cdata not in saved:
+            saved[s._cdata] = s.nbytes()
+            where = watch.stack[-1] if watch.stack else "(loss)"
+            per_module[where] = per_module.get(where, 0) + s.nbytes()
+        return t
+
+    acc.book(params + buffers + [x for x in inputs if isinstance(x, torch.Tensor)])
+    window = acc.open_window()
+    phase_peaks = {}
+    try:
+        # With the allocator recording, the books stay off: any dispatch mode changes some
+        # steps (CPU autocast's cast cache, MultiheadAttention's path), and the categories come
+        # from the parameters, the saved-tensor hooks and the optimizer state, not the books.
+        books = acc if recorder is None else contextlib.nullcontext()
+        with recorder or contextlib.nullcontext(), books:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                try:
+                    with mark("forward"):
+                        output = model(*inputs)
+                        loss = (loss_fn or _default_loss)(output)
+                except Exception as exc:
+                    if not estimated:
+                        raise
+                    raise watch.explain(exc) from None
+            phase_peaks["forward"] = acc.window_peak(window)
+            del output
+            acc.reset_window_peak(window)
+            with mark("backward"):
+                loss.backward()
+                del loss
+            phase_peaks["backward"] = acc.window_peak(window)
+            gradients, grad_keys = _unique_bytes([p.grad for p in params], known)
+            opt = _make_optimizer(optimizer, params)
+            state_bytes = 0
+            if opt is not None:
+                acc.reset_window_peak(window)
+                with mark("optimizer step"):
+                    opt.step()
+                phase_peaks["optimizer step"] = acc.window_peak(window)
+                state = [
+                    v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+                ]
+                state_bytes, _ = _unique_bytes(state, known | grad_keys)
+            del opt
+    finally:
+        watch.remove()
+        acc.close_window(window)
+    booked_peak = max(phase_peaks.values()) if recorder is None else 0
+    if recorder is not None:
+        phase_peaks = {name: window.start + peak for name, peak in recorder.peaks().items()}
+    phase = max(phase_peaks, key=phase_peaks.get)
+    modules, counted = [], set()
+    for module, name in watch.names.items():  # a tied weight counts in the first module only
+        own, keys = _unique_bytes(module.parameters(recurse=False), counted)
+        counted |= keys
+        modules.append(ModuleMemory(name, type(module).__name__, own, per_module.get(name, 0)))
+    return MemoryBreakdown(
+        device=device_name,
+        parameters=param_bytes,
+        buffers=buffer_bytes,
+        inputs=input_bytes,
+        gradients=gradients,
+        optimizer_state=state_bytes,
+        activations=sum(saved.values()),
+        peak=phase_peaks[phase],
+        peak_phase=phase,
+        estimated=estimated,
+        booked_peak=booked_peak,
+        modules=tuple(modules),
+    )
+
+
+@contextmanager
+def _no_mark(phase: str) -> Iterator[None]:
+    yield
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def _as_tuple(inputs) -> tuple:
+    if isinstance(inputs, (tuple, list)) and not _is_shape(inputs):
+        return tuple(inputs)
+    return (inputs,)
+
+
+def breakdown(
+    model: nn.Module,
+    inputs,
+    *,
+    loss_fn: Callable | None = None,
+    optimizer: Callable | None = None,
+) -> MemoryBreakdown:
+    """Run one real training step and say where its memory went.
+
+    ``inputs``: a tensor, or a tuple of tensors passed to ``model(*inputs)``. ``loss_fn(output)``
+    returns the scalar to backpropagate (default: the sum of the output's float elements).
+    ``optimizer``: an optimizer class (``torch.optim.AdamW``) or a function of the parameters;
+    with one, the model's weights take one real step. Gradients the model had before and
+    BatchNorm's running statistics are put back afterwards; the step's own gradients and
+    optimizer are dropped.
+    """
+    inputs = _as_tuple(inputs)
+    device = _model_device(model)
+    if device.type == "meta":
+        raise ValueError(
+            "this model is on the meta device and has no real memory; "
+            "use memory.estimate(model, inputs)"
+        )
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.device != device:
+            raise ValueError(
+                f"the inputs are on {x.device} but the model is on {device}; "
+                f"move them with .to({str(device)!r})"
+            )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            "no parameter of this model requires grad, so there is no training step to measure"
+        )
+    old_grads = {p: p.grad for p in model.parameters()}
+    for p in old_grads:
+        p.grad = None
+    # A training-mode forward updates BatchNorm's running statistics: put them back afterwards,
+    # so measuring a model does not change what it computes in eval mode.
+    stats = {
+        b: b.detach().clone()
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase)
+        for b in m.buffers(recurse=False)
+    }
+    try:
+        if device.type == "cuda":
+            return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
+        acc = _Accountant("cpu")
+        if not _AllocatorRecorder.available():  # the caller's profiler is running: books only
+            return _run_step(model, inputs, loss_fn, optimizer, acc, False, str(device))
+        result = _run_step(
+            model, inputs, loss_fn, optimizer, acc, False, str(device), _AllocatorRecorder()
+        )
+        return dataclasses.replace(result, peak_source="CPU allocator")
+    finally:
+        for p, g in old_grads.items():
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in stats.items():
+                b.copy_(saved)
+
+
+def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdown:
+    """On CUDA: the categories from our books, the peak from the allocator (workspaces too)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.synchronize(index)
+    before = torch.cuda.memory_allocated(index)
+    window = _cuda_open(index)
+    try:
+        result = _run_step(
+            model, inputs, loss_fn, optimizer, _Accountant("cuda"), False, str(device)
+        )
+    finally:
+        _cuda_close(index, window)
+    own = (
+        result.parameters + result.buffers + result.inputs
+    )  # allocated before and part of the step
+    peak = window.peak - before + own
+    return dataclasses.replace(result, peak=int(peak), peak_source="CUDA allocator")
+
+
+# -----------------------------------------------------------------------------
+# estimate: the same step on fake tensors
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The shape and dtype of an input, for ``estimate`` without real data."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
+def spec(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> TensorSpec:
+    """An input described by shape and dtype: ``spec((8, 128), torch.long)`` for token ids."""
+    return TensorSpec(tuple(int(n) for n in shape), dtype)
+
+
+def _is_shape(x) -> bool:
+    return (
+        isinstance(x, (tuple, list, torch.Size))
+        and len(x) > 0
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in x)
+    )
+
+
+def _fake_input(x, device: torch.device):
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
+    if isinstance(x, TensorSpec):
+        return torch.empty(x.shape, dtype=x.dtype, device=device)
+    if _is_shape(x):
+        return torch.empty(tuple(x), dtype=torch.float32, device=device)
+    return x  # anything else (a flag, a mask of None...) is passed through as it is
+
+
+def _fake_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are fake (tied weights stay tied)."""
+    memo: dict[int, torch.Tensor] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in memo:
+            continue
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        memo[id(t)] = (
+            nn.Parameter(fake, requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else fake
+        )
+    return copy.deepcopy(model, memo)
+
+
+_aten = torch.ops.aten
+
+# Operators whose CPU kernels allocate scratch inside themselves that fake tensors cannot see
+# (found with the profiler's memory events, benchmarks/memory_accuracy.py): name -> what it is.
+_CONV_SCRATCH = "oneDNN's scratchpad, or the column buffer of a transposed convolution"
+_UNSEEN_SCRATCH = {
+    _aten.convolution.default: _CONV_SCRATCH,
+    _aten.convolution_backward.default: _CONV_SCRATCH,
+    _aten.native_group_norm_backward.default: "per-group temporaries",
+    _aten.native_layer_norm_backward.default: "per-row temporaries",
+    _aten.embedding_dense_backward.default: "index sort and counts",
+    _aten._scaled_dot_product_flash_attention_for_cpu.default: "per-thread attention blocks",
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward.default: (
+        "per-thread attention blocks"
+    ),
+    _aten.mkldnn_rnn_layer.default: "oneDNN's RNN workspace",
+    _aten.mkldnn_rnn_layer_backward.default: "oneDNN's RNN workspace",
+}
+
+# Operators whose real kernels refuse operands of different dtypes, where the fake (meta)
+# kernel does not check (nn.Linear on a tensor of token ids runs on fake tensors).
+_SAME_DTYPE = {
+    _aten.mm.default,
+    _aten.addmm.default,
+    _aten.bmm.default,
+    _aten.baddbmm.default,
+    _aten.addmv.default,
+    _aten.mv.default,
+    _aten.dot.default,
+    _aten.convolution.default,
+}
+
+
+class _FakeAccountant(_Accountant):
+    """The accountant of ``estimate``: books fake tensors (meta storages), refuses what the real
+    kernels refuse, and notes the operators with scratch it cannot see."""
+
+    def __init__(self, target: torch.device):
+        super().__init__("meta")
+        self.target = target
+        self.unseen: dict[str, str] = {}  # operator name -> what its scratch is
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _SAME_DTYPE:
+            dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor)}
+            if len(dtypes) > 1:
+                names = " and ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+                raise RuntimeError(
+                    f"{func} needs its tensors in one dtype, got {names} (a real step raises too)"
+                )
+        if func in _UNSEEN_SCRATCH and self.target.type == "cpu":
+            if not (func is _aten.convolution.default and _scratch_bytes(func, args, "meta")):
+                self.unseen.setdefault(str(func.overloadpacket.__name__), _UNSEEN_SCRATCH[func])
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """FakeTensorMode logs a traceback for an op that fails on fake tensors; our one-sentence
+    EstimateError says the same thing, so keep that traceback out of the notebook."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def estimate(
+    model_or_factory: nn.Module | Callable[[], nn.Module],
+    inputs,
+    *,
+    loss_fn: Callable | None = None,
+    optimizer: Callable | None = None,
+    device: str | torch.device | None = None,
+) -> MemoryBreakdown:
+    """``breakdown`` without allocating: the same step on fake tensors (``FakeTensorMode``).
+
+    ``model_or_factory``: a model (on ``meta``, or anywhere: it is copied with fake weights and
+    left untouched) or a zero-argument function that builds one (built on ``meta``, so a
+    7-billion-parameter config takes seconds). ``inputs``: tensors, ``spec(shape, dtype)``, or a
+    plain tuple of ints for a float32 tensor of that shape: ``estimate(model, (64, 1024))``;
+    several inputs as a tuple of those, ``((64, 1024), spec((64,), torch.long))``.
+    ``device``: the device to simulate (default: the model's, or ``pick_device()`` for a model on
+    meta). Runs under the caller's ``torch.autocast`` like ``breakdown`` does.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if isinstance(model_or_factory, nn.Module):
+        model = model_or_factory
+    elif callable(model_or_factory):
+        with torch.device("meta"):
+            model = model_or_factory()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"the factory returned {type(model).__name__}, not an nn.Module")
+    else:
+        raise TypeError(
+            "estimate needs an nn.Module or a function that builds one, "
+            f"not {type(model_or_factory).__name__}"
+        )
+    home = _model_device(model)
+    if device is not None:
+        target = _resolve(device)
+    elif home.type == "meta":
+        target = _resolve(None)
+    else:
+        target = home
+    raw = _as_tuple(inputs)
+    for x in raw:
+        if isinstance(x, torch.Tensor) and home.type != "meta" and x.device != home:
+            raise ValueError(
+                f"the inputs are on {x.device} but the model is on {home}; "
+                f"move them with .to({str(home)!r})"
+            )
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    outer, _local.estimating = getattr(_local, "estimating", False), True  # no budget checks
+    with contextlib.ExitStack() as stack:
+        stack.callback(setattr, _local, "estimating", outer)
+        stack.enter_context(fake_mode)
+        stack.enter_context(_quiet_logger("torch._subclasses.fake_tensor"))
+        fmodel = _fake_model(model, target)
+        finputs = tuple(_fake_input(x, target) for x in raw)
+        acc = _FakeAccountant(target)  # fake tensors keep their (empty) storage on meta
+        result = _run_step(
+            fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target)
+        )
+    return dataclasses.replace(
+        result, peak_source="fake tensors", unseen_scratch=tuple(sorted(acc.unseen))
+    )
