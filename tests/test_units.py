@@ -41,3 +41,12 @@ def test_a_budget_of_true_nan_or_infinity_is_one_sentence(bad):
     with pytest.raises(ValueError, match="a size must be"):
         with memory.budget(bad):
             pass
+
+
+@pytest.mark.parametrize("bad", [(-1, 3), (1.5, 3), (True, 2), ("a",), None, 8])
+def test_spec_refuses_a_shape_that_is_not_whole_numbers(bad):
+    from tutorial_utils import memory
+
+    with pytest.raises(ValueError, match="a shape is a tuple of whole numbers"):
+        memory.spec(bad)
+    assert memory.spec((8, 0)).shape == (8, 0)  # an empty batch is a shape too

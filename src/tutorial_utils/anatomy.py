@@ -12,6 +12,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -468,7 +469,21 @@ class TensorSpec:
 
 def spec(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> TensorSpec:
     """An input described by shape and dtype: ``spec((8, 128), torch.long)`` for token ids."""
-    return TensorSpec(tuple(int(n) for n in shape), dtype)
+    try:  # operator.index takes ints and NumPy ints, not floats
+        sizes = [operator.index(n) for n in shape]
+    except TypeError:
+        sizes = None
+    if (
+        sizes is None
+        or isinstance(shape, (str, bytes))
+        or any(isinstance(n, bool) or n < 0 for n in shape)
+    ):
+        raise ValueError(
+            f"a shape is a tuple of whole numbers, 0 or more, such as (8, 128); got {shape!r}"
+        )
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype such as torch.long, not {dtype!r}")
+    return TensorSpec(tuple(sizes), dtype)
 
 
 def _is_shape(x) -> bool:
