@@ -9,7 +9,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from awaiting_tools import AWAITING_TOOLS
 
 import tutorial_utils
 from tutorial_utils import course
@@ -18,17 +17,6 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
 sys.path.insert(0, str(ROOT / "tools"))
 import sync_colab  # noqa: E402
-
-
-def synced(paths):
-    """``paths``, the ones still waiting for tools/sync_colab.py marked as expected to fail."""
-    why = "written by tools/sync_colab.py after the merge: see tests/awaiting_tools.py"
-    return [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=why))
-        if p.name in AWAITING_TOOLS
-        else p
-        for p in paths
-    ]
 
 
 def cells(path):
@@ -52,7 +40,7 @@ def test_readme_lists_every_notebook_with_its_time():
         )
 
 
-@pytest.mark.parametrize("path", synced(NOTEBOOKS), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_badge_and_setup_cell(path):
     all_cells = cells(path)
     first_md = next(c for c in all_cells if c["cell_type"] == "markdown")
@@ -66,7 +54,7 @@ def test_badge_and_setup_cell(path):
     assert course.REPOSITORY in source(first_code)
 
 
-@pytest.mark.parametrize("path", synced(NOTEBOOKS), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_kernelspec_and_colab_runtime(path):
     """Every notebook names its kernel; those with GPU cells worth a GPU open a GPU runtime."""
     metadata = json.loads(path.read_text())["metadata"]
@@ -160,10 +148,8 @@ def test_notebook_shape(path):
 
 @pytest.mark.slow  # a Python process that reads every notebook: a few seconds
 def test_sync_colab_check_passes():
-    done = [p.name for p in NOTEBOOKS if p.name not in AWAITING_TOOLS]
-    only = [arg for name in done for arg in ("--only", name)]
     proc = subprocess.run(
-        [sys.executable, "tools/sync_colab.py", "--check", *only],
+        [sys.executable, "tools/sync_colab.py", "--check"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from awaiting_tools import AWAITING_TOOLS
 
 from tutorial_utils import course
 
@@ -120,19 +119,7 @@ def test_course_minutes_come_from_the_estimate():
 
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(
-            p,
-            # not strict: an old stated time can agree with the estimate by chance (04 does);
-            # test_course.py's strict marks on the same set make sure it is emptied
-            marks=pytest.mark.xfail(
-                strict=False, reason="its time is written after the merge: tests/awaiting_tools.py"
-            ),
-        )
-        if p.name in AWAITING_TOOLS
-        else p
-        for p in NOTEBOOKS
-    ],
+    NOTEBOOKS,
     ids=lambda p: p.name,
 )
 def test_each_notebook_states_its_estimated_time(path):
