@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test quick unit nbval lint format execute gpu-check gpu-wheels lock clean browser-deps bench
+.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels lock clean browser-deps bench
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -25,7 +25,14 @@ lab: $(STAMP)
 
 # Notebooks first: they are the longest files (03, 04, 06, 07 take minutes on 2 cores), so each
 # worker starts on one and the short unit-test files fill in at the end instead of waiting on them.
-test: $(STAMP) browser-deps
+# make test fits CI's five minutes: lint, strict nbval on every notebook, every unit test not
+# marked slow. make test-all adds the slow ones (torchrun launches, JupyterLab servers, fault
+# probes, the browser, repo2docker): run it before a release or a change to those parts.
+test: $(STAMP)
+	$(MAKE) lint
+	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow" -n 2 --dist loadfile --durations=12
+
+test-all: $(STAMP) browser-deps
 	$(MAKE) lint
 	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
 
