@@ -597,6 +597,7 @@ def test_fake_tensors_never_count_against_real_memory():
     assert m.peak_above_start_bytes < 64 * 1024  # a few real scalars at most
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_starting_the_count_is_quick_and_does_not_import_dynamo():
     import subprocess
     import sys
@@ -743,6 +744,7 @@ def test_budget_refuses_before_the_allocation(name, make, nbytes):
     assert max(sizes, default=0) < nbytes, "the big output was never allocated"
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_two_rooms_one_door():
     import subprocess
     import sys

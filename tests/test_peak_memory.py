@@ -16,6 +16,7 @@ MiB = 2**20
 HOLD = "b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.5)"
 
 
+@pytest.mark.slow  # child processes that hold memory for a second
 def test_counts_a_process_that_holds_memory():
     peak = peak_memory.measure([sys.executable, "-c", HOLD], interval_s=0.05)
     assert peak.returncode == 0
@@ -25,6 +26,7 @@ def test_counts_a_process_that_holds_memory():
     assert peak.samples >= 5
 
 
+@pytest.mark.slow  # child processes that hold memory for a second
 def test_counts_grandchildren_too():
     """The buffer lives in a grandchild (as a torchrun rank does): the tree's peak includes it."""
     spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {HOLD!r}], check=True)"
