@@ -477,3 +477,56 @@ def test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs():
     assert plain(nb.cells[2]) == ["True"]
     assert plain(nb.cells[3]) == plain(nb.cells[0])
     assert all(len(cell.outputs) == 1 for cell in nb.cells)  # no stray stream or display
+
+
+# --------------------------------------------------- the CPU accountant never stays on behind us
+
+
+def _modes() -> int:
+    import torch
+
+    return torch._C._len_torch_dispatch_stack()
+
+
+def test_a_running_gauge_that_is_collected_takes_its_accountant_with_it():
+    depth = _modes()
+    gauge = LiveGauge(sources=["torch"], period_s=0.02).start()
+    assert _modes() == depth + 1
+    thread = gauge._thread
+    del gauge
+    gc.collect()
+    thread.join(timeout=5)
+    assert _modes() == depth
+
+
+def test_a_torch_source_opened_twice_closes_once():
+    from tutorial_utils import monitor
+
+    depth = _modes()
+    source = monitor.TorchSource()
+    source.open()
+    source.open()
+    source.close()
+    assert _modes() == depth
+
+
+def test_measure_leaving_under_another_mode_removes_its_accountant_and_keeps_the_other():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tutorial_utils import memory
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    depth = _modes()
+    block = memory.measure("cpu")
+    block.__enter__()
+    other = Passthrough()
+    other.__enter__()
+    block.__exit__(None, None, None)  # the learner's mode is still on top
+    assert _modes() == depth + 1
+    assert torch.equal(torch.ones(2) * 2, torch.full((2,), 2.0))  # and still works
+    other.__exit__(None, None, None)
+    assert _modes() == depth

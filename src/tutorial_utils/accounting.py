@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode,
+    _pop_mode,
+    _push_mode,
+)
 
 from . import devices
 from .units import format_bytes, parse_bytes
@@ -439,9 +444,17 @@ def _release_shared(acc: _Accountant, window: _Window) -> None:
     acc.close_window(window)
     if acc.windows or getattr(_local, "shared", None) is not acc:
         return
-    if _get_current_dispatch_mode() is not acc:
-        return  # another mode sits above ours: keep counting, pop when we are on top again
-    acc.__exit__(None, None, None)
+    # Another mode may sit above ours (a learner's, or one entered inside the block and left
+    # on): lift it off, take ours out, and put it back, so nothing keeps counting after us.
+    above = []
+    while _get_current_dispatch_mode() not in (acc, None):
+        above.append(_pop_mode())
+    try:
+        if _get_current_dispatch_mode() is acc:
+            acc.__exit__(None, None, None)
+    finally:
+        for mode in reversed(above):
+            _push_mode(mode)
     acc.clear()
     _local.shared = None
 

@@ -229,6 +229,14 @@ def _run(ref: weakref.ref, stop: threading.Event, schedule: _Schedule) -> None:
             gauge._fault(exc, fatal=True)
 
 
+def _close_sources(sources) -> None:
+    for src in sources:
+        try:
+            src.close()
+        except Exception:  # closing never raises out of stop() or a finalizer
+            pass
+
+
 class LiveGauge:
     """Live memory bars, one row per device, sampled by one background thread.
 
@@ -456,6 +464,9 @@ class LiveGauge:
                     src.open()
                 except Exception as exc:  # open() should not raise; a custom source might
                     src.available, src.reason = False, f"{type(exc).__name__}: {exc}"
+            # A gauge forgotten while running (reassigned, deleted) still closes its sources when
+            # it is collected: the CPU tracker's dispatch mode must not stay on forever.
+            self._finalizer = weakref.finalize(self, _close_sources, tuple(self.sources))
             self._t0 = time.monotonic()
             self._stop = threading.Event()
             self._schedule = _Schedule(self.period_s, self._t0)
@@ -484,11 +495,8 @@ class LiveGauge:
         with self._lock:
             self._thread = None
             self._elapsed_s = time.monotonic() - self._t0
-            for src in self.sources:
-                try:
-                    src.close()
-                except Exception:
-                    pass
+            self._finalizer.detach()
+            _close_sources(self.sources)
             if thread.is_alive():  # a source hung in read(): say so instead of hiding it
                 self.error = "the sampling thread did not stop within its timeout (a source hung)"
             try:

@@ -178,7 +178,7 @@ class TorchSource(Source):
             return
         n = _cuda_count()
         labels = [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
-        self._trackers = []
+        self.close()  # opened twice: the first trackers stop, or their mode would stay on
         for label in labels:
             try:
                 tracker = Tracker(label).start()
