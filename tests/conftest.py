@@ -379,3 +379,49 @@ def start_lab(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait()
+
+
+# --------------------------------------------------- answers that compare equal to anything
+# Wrong answers a checker must never accept (tests/test_exercises_faults.py and _properties.py).
+
+
+class EqualToAll:
+    """An answer equal to everything (like ``mock.ANY``)."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "EqualToAll()"
+
+
+class EqInt(int):
+    """An int that says it equals everything."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+class EqFloat(float):
+    """A float that says it equals everything, and differs from nothing."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __sub__(self, other):
+        return 0.0
+
+    __hash__ = float.__hash__

@@ -17,6 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import EqInt, EqualToAll
 from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import _disable_current_modes
@@ -36,30 +37,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-class EqualToAll:
-    """An answer equal to everything (like ``mock.ANY``)."""
-
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    __hash__ = object.__hash__
-
-
-class EqInt(int):
-    """An int that says it equals everything."""
-
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    __hash__ = int.__hash__
 
 
 # --- answers built from the right ones -----------------------------------------------------

@@ -17,6 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
+from conftest import EqFloat, EqInt, EqualToAll
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -73,42 +74,6 @@ def rejected(fb: Feedback) -> bool:
 
 
 # --- wrong values ---------------------------------------------------------------------------
-
-
-class EqualToAll:
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    __hash__ = object.__hash__
-
-    def __repr__(self):
-        return "EqualToAll()"
-
-
-class EqInt(int):
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    __hash__ = int.__hash__
-
-
-class EqFloat(float):
-    def __eq__(self, other):
-        return True
-
-    def __ne__(self, other):
-        return False
-
-    def __sub__(self, other):
-        return 0.0
-
-    __hash__ = float.__hash__
 
 
 def _tensor(shape, dtype, device, fill):
