@@ -1,6 +1,6 @@
 """Four things every DDP training loop needs, in one launch (each rank reports what it saw).
 
-    torchrun --standalone --nproc-per-node=2 ddp_practice.py --checkpoint /tmp/ckpt.pt
+    torchrun --standalone --nproc-per-node=2 ddp_practice.py --checkpoint ckpt.pt
 
 1. Gradient accumulation with ``no_sync()``: the first micro-batches of a step skip the
    all-reduce, the last one reduces everything accumulated. A communication hook counts the
