@@ -1,4 +1,4 @@
-"""Four things every DDP training loop needs, in one launch (each rank reports what it saw).
+"""Five things every DDP training loop needs, in one launch (each rank reports what it saw).
 
     torchrun --standalone --nproc-per-node=2 ddp_practice.py --checkpoint ckpt.pt
 
@@ -11,6 +11,9 @@
    which deprecates the older ``broadcast_buffers=False`` (still the name on older versions).
 4. A checkpoint saved by rank 0 only, a ``barrier()`` so nobody reads a half-written file, then
    loaded on every rank with ``map_location`` (on GPUs, each rank onto its own device).
+5. ``SyncBatchNorm``: BatchNorm statistics over the global batch (every rank's samples), not each
+   rank's shard. It runs on GPUs only; on CPU ranks the same statistics are computed by hand with
+   ``all_reduce`` (what SyncBatchNorm does inside), and the refusal is reported.
 """
 
 from __future__ import annotations
@@ -162,6 +165,61 @@ def checkpoint(rank: int, device: torch.device, path: str) -> dict:
     }
 
 
+def sync_batchnorm(rank: int, world: int, device: torch.device) -> dict:
+    """BatchNorm over the global batch: SyncBatchNorm on GPUs, its arithmetic by hand on CPU.
+
+    Both are compared with one plain BatchNorm over every rank's samples together (the answer
+    one process with the whole batch would give), and so is a plain BatchNorm on this rank alone.
+    """
+    g = torch.Generator().manual_seed(300 + rank)
+    x = (torch.randn(8, 4, generator=g) + 2.0 * rank).to(device)  # ranks see different data
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x)
+    full = nn.BatchNorm1d(4).to(device)  # one process, the whole global batch
+    full_out = full(torch.cat(gathered))[rank * len(x) : (rank + 1) * len(x)]
+    local = nn.BatchNorm1d(4).to(device)  # this rank's shard only: what plain BatchNorm does
+    local_out = local(x)
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(4))).to(device)
+    layer = model[0]
+    out = {"converted_to": type(layer).__name__, "refusal": None}
+    try:
+        sync_out = layer(x)  # on CPU ranks this raises: SyncBatchNorm needs GPU (or XPU) input
+        mean, var, how = layer.running_mean, layer.running_var, "nn.SyncBatchNorm"
+    except ValueError as err:
+        out["refusal"] = str(err)
+        # What SyncBatchNorm computes inside: every rank's sum, sum of squares and count, summed.
+        stats = torch.stack([x.sum(0), (x * x).sum(0)])
+        count = torch.tensor([float(len(x))], device=device)
+        dist.all_reduce(stats)
+        dist.all_reduce(count)
+        global_mean = stats[0] / count
+        biased_var = stats[1] / count - global_mean**2  # normalises this step's output
+        sync_out = (x - global_mean) / torch.sqrt(biased_var + layer.eps)
+        sync_out = sync_out * layer.weight + layer.bias
+        m = layer.momentum  # the running statistics keep the unbiased variance, like BatchNorm
+        mean = (1 - m) * layer.running_mean + m * global_mean
+        var = (1 - m) * layer.running_var + m * biased_var * count / (count - 1)
+        how = "all_reduce by hand, since SyncBatchNorm refuses CPU input"
+
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return (a - b).abs().max().item()
+
+    out.update(
+        how=how,
+        sync_vs_full={
+            "running_mean": gap(mean, full.running_mean),
+            "running_var": gap(var, full.running_var),
+            "output": gap(sync_out, full_out),
+        },
+        local_vs_full={
+            "running_mean": gap(local.running_mean, full.running_mean),
+            "output": gap(local_out, full_out),
+        },
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint", required=True, help="file rank 0 writes, all ranks read")
@@ -174,6 +232,11 @@ def main() -> None:
         acc["allreduce_calls"],
         f"| gradients equal the full batch: {acc['max_grad_diff'] < 1e-6}",
     )
+    sync_bn = sync_batchnorm(rank, world, device)
+    log(
+        f"BatchNorm over the global batch, {sync_bn['how']}: equal to one process: "
+        f"{max(sync_bn['sync_vs_full'].values()) < 1e-5}"
+    )
     ckpt = checkpoint(rank, device, args.checkpoint)
     log(f"checkpoint saved by rank 0, loaded on every rank: equal {ckpt['max_param_diff'] == 0}")
     report(
@@ -183,6 +246,7 @@ def main() -> None:
             "accumulation": acc,
             "orders": sampler_orders(rank, world),
             "buffers": buffers(rank, device),
+            "sync_batchnorm": sync_bn,
             "checkpoint": ckpt,
         }
     )
