@@ -23,6 +23,16 @@ GiB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """Every test's tensors are tiny: one intra-op thread runs them fastest, above all with two
+    test workers sharing two cores (no thread contention). Set once, for the whole session."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Pretend torch is a CUDA build that sees ``fake_cuda.count`` GPUs (2 by default)."""

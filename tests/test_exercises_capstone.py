@@ -14,17 +14,8 @@ from tutorial_utils.exercises.capstone import CapstoneTask, grade
 from tutorial_utils.models import MLP, mlp_batch
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
-def task(one_thread):
+def task():
     def make_model():
         return MLP(d_in=64, d_hidden=128, d_out=5, depth=3, seed=0)
 

@@ -30,15 +30,6 @@ NAN = float("nan")
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --- answers built from the right ones -----------------------------------------------------
 
 

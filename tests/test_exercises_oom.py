@@ -10,15 +10,6 @@ from tutorial_utils import models
 from tutorial_utils.exercises import oom as ex
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _n(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -10,15 +10,6 @@ from tutorial_utils.exercises import precision as ex
 from tutorial_utils.exercises import reset_attempts
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_fp16_fate_matches_ieee() -> None:
     assert ex.fp16_fate(70000.0) == "inf"
     assert ex.fp16_fate(65504.0) == "ok"

@@ -48,15 +48,6 @@ PROPERTY = settings(
 FEW = settings(PROPERTY, max_examples=8)  # for checkers that run a model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny steps run faster on one thread, above all on a busy machine (no thread contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(autouse=True)
 def fresh_attempts():
     reset_attempts()

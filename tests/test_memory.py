@@ -515,44 +515,8 @@ def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
 # --- CUDA paths, against a stand-in allocator (this CI has no GPU) ---------------------------
 
 
-class FakeAllocator:
-    """Just enough of torch.cuda's counters to check how measure() and budget() use them."""
-
-    def __init__(self):
-        self.allocated, self.peak, self.reserved = 0, 0, 0
-        self.fraction, self.fractions_set = 0.75, []
-
-    def alloc(self, n):
-        self.allocated += n
-        self.peak = max(self.peak, self.allocated)
-        self.reserved = max(self.reserved, self.allocated)
-
-    def install(self, monkeypatch):
-        cuda = torch.cuda
-        monkeypatch.setattr(accounting, "_resolve", lambda device: torch.device("cuda", 0))
-        monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
-        monkeypatch.setattr(cuda, "memory_allocated", lambda *a: self.allocated)
-        monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: self.peak)
-        monkeypatch.setattr(cuda, "memory_reserved", lambda *a: self.reserved)
-        monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: self.reserved)
-        monkeypatch.setattr(
-            cuda, "reset_peak_memory_stats", lambda *a: setattr(self, "peak", self.allocated)
-        )
-        monkeypatch.setattr(cuda, "empty_cache", lambda: None)
-        monkeypatch.setattr(
-            cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30})
-        )
-        monkeypatch.setattr(
-            cuda, "get_per_process_memory_fraction", lambda i: self.fraction, raising=False
-        )
-        monkeypatch.setattr(
-            cuda, "set_per_process_memory_fraction", lambda f, i: self.fractions_set.append(f)
-        )
-
-
-def test_cuda_measure_keeps_the_outer_peak_when_an_inner_block_resets_it(monkeypatch):
-    gpu = FakeAllocator()
-    gpu.install(monkeypatch)
+def test_cuda_measure_keeps_the_outer_peak_when_an_inner_block_resets_it(fake_allocator):
+    gpu = fake_allocator
     gpu.alloc(100)
     with memory.measure("cuda") as outer:
         gpu.alloc(50)
@@ -565,18 +529,18 @@ def test_cuda_measure_keeps_the_outer_peak_when_an_inner_block_resets_it(monkeyp
     assert outer.reserved_bytes == 150 and "reserved" in repr(outer)
 
 
-def test_cuda_budget_sets_the_memory_fraction_and_restores_it(monkeypatch):
-    gpu = FakeAllocator()
-    gpu.install(monkeypatch)
+def test_cuda_budget_sets_the_memory_fraction_and_restores_it(fake_allocator):
+    gpu = fake_allocator
+    gpu.machine.total = 80 * 2**30  # an 80 GiB GPU that this process may use three quarters of
+    gpu.fraction = 0.75
     with pytest.raises(torch.OutOfMemoryError):
         with memory.budget("8 GiB"):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
     assert gpu.fractions_set == [0.1, 0.75]  # 8 of 80 GiB, then what it was before
 
 
-def test_cuda_tracker_reads_the_allocator(monkeypatch):
-    gpu = FakeAllocator()
-    gpu.install(monkeypatch)
+def test_cuda_tracker_reads_the_allocator(fake_allocator):
+    gpu = fake_allocator
     tracker = memory.Tracker("cuda").start()
     gpu.alloc(64)
     gpu.alloc(-32)
