@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 import tutorial_utils
@@ -78,6 +77,8 @@ def test_needs_gpu_names_real_notebooks_that_run_on_a_gpu():
 
 
 def test_sync_colab_writes_kernelspec_and_gpu_runtime_and_removes_a_stale_one():
+    import nbformat  # deferred like sync_colab's own import: seconds, for this one test
+
     nb = nbformat.v4.new_notebook()
     nb.metadata["colab"] = {"gpuType": "A100", "provenance": []}
     nb.metadata["accelerator"] = "GPU"

@@ -18,8 +18,6 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from tutorial_utils.course import (  # noqa: E402
     COLAB_GPU,
@@ -66,6 +64,9 @@ def wanted_metadata(metadata: dict, filename: str) -> dict:
 
 def sync(nb, filename: str) -> bool:
     """Update ``nb`` in place; return True when something changed."""
+    import nbformat  # deferred: its schema checks take seconds to import, and the test suite
+    # imports this module in every worker for NEEDS_GPU alone
+
     changed = False
     metadata = wanted_metadata(dict(nb.metadata), filename)
     if metadata != dict(nb.metadata):
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only", action="append", metavar="NOTEBOOK", help="just this notebook file (repeatable)"
     )
     args = parser.parse_args(argv)
+    import nbformat  # deferred, see sync()
+
     paths = sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))
     if args.only:
         unknown = sorted(set(args.only) - {p.name for p in paths})
