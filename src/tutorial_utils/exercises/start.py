@@ -12,6 +12,17 @@ from .answers import checker_device, describe, whole_number
 __all__ = ["check_matmul_peak", "check_peak_of", "check_tensor_bytes"]
 
 
+def _bytes_answer(fb: Feedback, answer: object) -> int | None:
+    """``answer`` as a whole number of bytes; a required problem on ``fb`` when it is not one."""
+    value = whole_number(answer)
+    fb.require(
+        value is not None,
+        f"give a whole number of bytes, not {describe(answer)}",
+        brief="the answer is not a whole number of bytes",
+    )
+    return value
+
+
 @checker
 def check_tensor_bytes(answer: object) -> Feedback:
     """Bytes of ``torch.zeros(1000, 3, 224, 224, dtype=torch.bfloat16)``."""
@@ -19,12 +30,7 @@ def check_tensor_bytes(answer: object) -> Feedback:
     elements = 1000 * 3 * 224 * 224
     expected = elements * 2
     fb.hint("multiply the number of elements by the bytes per element")
-    value = whole_number(answer)
-    fb.require(
-        value is not None,
-        f"give a whole number of bytes, not {describe(answer)}",
-        brief="the answer is not a whole number of bytes",
-    )
+    value = _bytes_answer(fb, answer)
     if value == elements:
         fb.fail(
             "that is the number of elements; each bf16 element takes 2 bytes",
@@ -47,12 +53,7 @@ def check_matmul_peak(answer: object) -> Feedback:
     a, b, out = 512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4
     expected = a + b + out
     fb.hint("with memory.measure('cpu') as m: ...; then m.peak_bytes - m.start_bytes")
-    value = whole_number(answer)
-    fb.require(
-        value is not None,
-        f"give a whole number of bytes, not {describe(answer)}",
-        brief="the answer is not a whole number of bytes",
-    )
+    value = _bytes_answer(fb, answer)
     if value == out:
         fb.fail(
             "that is only the output; at the peak both inputs are alive too",
