@@ -51,7 +51,7 @@ class MemoryMagics(Magics):
     @cell_magic
     def peak(self, line: str, cell: str) -> Any:
         """Run the cell and print its exact memory peak and delta: ``%%peak [device]``."""
-        from . import memory
+        from . import memory  # deferred: torch takes seconds; %load_ext alone should not wait
 
         device = line.strip() or None
         code = self.shell.transform_cell(cell)  # %magics and !commands inside the cell

@@ -138,7 +138,7 @@ class Source:
 
 
 def _cuda_count() -> int:
-    from .devices import gpu_count
+    from .devices import gpu_count  # deferred: devices imports torch (see TorchSource.open)
 
     return gpu_count()
 
@@ -153,9 +153,7 @@ class TorchSource(Source):
     Without CUDA, one row ``cpu (exact)``: bytes of live CPU tensor storage and their exact
     peak, booked by memory's accountant at every operator. It counts the tensors of the thread
     that called ``open()`` (a notebook runs all its cells on its main thread), so open and
-    close the source from that thread -- ``LiveGauge.start()`` / ``stop()`` do. The first
-    ``open()`` in a process takes a few seconds on a CPU: the first operator under a torch
-    dispatch mode imports ``torch._dynamo``.
+    close the source from that thread -- ``LiveGauge.start()`` / ``stop()`` do.
     """
 
     name = "torch"
@@ -166,16 +164,12 @@ class TorchSource(Source):
         self._totals: dict[str, int | None] = {}
 
     def open(self) -> None:
+        # Deferred, as every torch import in this module: torch takes seconds to import, and a
+        # gauge of psutil or NVML sources alone never needs it.
         import torch
 
-        try:
-            from .memory import Tracker
-        except ImportError as exc:
-            self.available, self.reason = (
-                False,
-                f"tutorial_utils.memory could not be imported ({exc})",
-            )
-            return
+        from .memory import Tracker
+
         n = _cuda_count()
         labels = [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
         self.close()  # opened twice: the first trackers stop, or their mode would stay on
@@ -190,10 +184,6 @@ class TorchSource(Source):
                 )
                 return
             self._trackers.append((label, tracker))
-            if label == "cpu":
-                # The first operator run under a dispatch mode imports torch._dynamo (seconds,
-                # once per process): pay it here, in start(), not in the learner's next cell.
-                torch.zeros(1)
             if label.startswith("cuda"):
                 try:
                     self._totals[label] = int(
@@ -206,7 +196,7 @@ class TorchSource(Source):
     def read(self) -> list[Reading]:
         if not self.available:
             raise SourceError(self.reason)
-        import torch
+        import torch  # deferred, see open(); already imported by then, so this costs nothing
 
         out = []
         for label, tracker in self._trackers:

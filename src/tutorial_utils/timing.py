@@ -296,7 +296,7 @@ def time_with_benchmark(
         or not min_run_time > 0
     ):
         raise ValueError(f"min_run_time must be a positive number of seconds, got {min_run_time!r}")
-    from torch.utils import benchmark
+    from torch.utils import benchmark  # deferred: only this function needs torch's benchmark
 
     dev = _resolve_device(device)
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn})
@@ -406,7 +406,7 @@ class Comparison:
         """Horizontal bars of the median per call (ms), whiskers from min to max.
 
         Returns the axes."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: pyplot is slow to import; only plots need it
 
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 0.5 + 0.45 * len(self.timings)))
