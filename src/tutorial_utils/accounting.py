@@ -260,6 +260,7 @@ class _Accountant(TorchDispatchMode):
     def __init__(self, storage_device: str = "cpu"):
         super().__init__()
         self.storage_device = storage_device
+        self.cpu = storage_device == "cpu"
         self.lock = threading.RLock()  # RLock: a weakref callback can fire while we book
         self.live: dict[int, _StorageRef] = {}  # storage address -> its weak reference
         self.current = 0
@@ -342,6 +343,30 @@ class _Accountant(TorchDispatchMode):
             self.current += added
             self.peak = max(self.peak, self.current + transient)
 
+    def _book_one(self, t: torch.Tensor) -> None:
+        """``book([t])`` for one plain tensor, no transient bytes and no budget (a CPU op's
+        usual output): the per-operator cost of a running Tracker is mostly here."""
+        if not t.is_cpu:
+            return
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, ...
+            return
+        key, nbytes = s._cdata, s.nbytes()
+        with self.lock:
+            entry = self.live.get(key)
+            if entry is None:
+                ref = self.live[key] = _StorageRef(s, self._on_free)
+                ref.key, ref.nbytes = key, nbytes
+                self.current += nbytes
+            elif entry.nbytes != nbytes:  # resized in place
+                self.current += nbytes - entry.nbytes
+                entry.nbytes = nbytes
+            else:
+                return  # a view, or an in-place op: nothing new
+            if self.current > self.peak:
+                self.peak = self.current
+
     def _check_budget(self, nbytes: int, what: object) -> None:
         for w in self.windows:
             if w.limit is not None and self.current + nbytes > w.limit:
@@ -359,6 +384,9 @@ class _Accountant(TorchDispatchMode):
         if self.limited and func in _PRECHECKED:  # refuse before allocating, when we can
             self._precheck(func, args, kwargs)
         out = func(*args, **kwargs)
+        if type(out) is torch.Tensor and self.cpu and not self.limited and func not in _SCRATCH_OPS:
+            self._book_one(out)  # the common case, without book()'s lists
+            return out
         outs = out if isinstance(out, (tuple, list)) else (out,)
         transient = _scratch_bytes(func, args, self.storage_device) if func in _SCRATCH_OPS else 0
         self.book(outs, transient, what=func)
