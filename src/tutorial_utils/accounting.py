@@ -456,10 +456,20 @@ class _Accountant(TorchDispatchMode):
         grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
         # What book() does, in one loop without its per-tensor tuples: this is the part of
         # starting the count that grows with the number of tensors.
-        cpu = self.storage_device == "cpu"
+        # The collector stays off meanwhile: each weak reference is a tracked object, and with
+        # 200k tensors it would run hundreds of young-generation passes over what we just made.
+        cpu, collecting = self.storage_device == "cpu", gc.isenabled()
+        gc.disable()
+        try:
+            self._book_found(found + grads, cpu)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _book_found(self, tensors: list, cpu: bool) -> None:
         with self.lock:
             live, on_free, added = self.live, self._on_free, 0
-            for t in found + grads:
+            for t in tensors:
                 try:
                     s = t.untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
