@@ -495,13 +495,14 @@ class _Accountant(TorchDispatchMode):
 
 
 def _storage_kinds() -> set[type]:
-    """``torch.Tensor`` and the subclasses whose instances can own CPU memory of their own.
+    """``torch.Tensor``, ``nn.Parameter`` and the tensor subclasses defined outside torch.
 
-    Left out: the subclasses defined inside torch other than ``torch.nn.parameter``'s. They are
-    wrapper subclasses (FakeTensor, FunctionalTensor, MaskedTensor, NestedTensor, the
-    semi-structured sparse ones...): their own storage is empty, or on ``meta``, and their data
-    sits in plain tensors that the scan finds anyway. A subclass defined outside torch (a
-    learner's, a library's) is always scanned.
+    The other subclasses torch defines own no CPU memory of their own: wrapper subclasses
+    (FakeTensor, FunctionalTensor, MaskedTensor, NestedTensor, the semi-structured sparse
+    ones...) keep an empty or ``meta`` storage, their data in plain tensors the scan finds
+    anyway; ``nn.Buffer(x)`` returns a plain tensor; an ``UninitializedParameter`` holds 0 bytes
+    until it materializes, through operators we book. A subclass defined outside torch (a
+    learner's, a library's) is always scanned. Each class left out makes the scan faster.
     """
     kinds, todo = set(), [torch.Tensor]
     while todo:  # torch.Tensor and all its subclasses
@@ -512,9 +513,7 @@ def _storage_kinds() -> set[type]:
     return {
         k
         for k in kinds
-        if k is torch.Tensor
-        or k.__module__ == "torch.nn.parameter"
-        or not k.__module__.startswith("torch.")
+        if k in (torch.Tensor, nn.Parameter) or not k.__module__.startswith("torch.")
     }
 
 
