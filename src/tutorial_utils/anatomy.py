@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -567,8 +568,8 @@ _SAME_DTYPE = {
 class _FakeAccountant(_Accountant):
     """The books of ``estimate``: fake tensors (meta storages), what the real kernels refuse, and
     the operators with scratch it cannot see. Not pushed as a mode of its own: while it is
-    entered, the fake mode (``_booking_fake_mode``) hands it each operator, one Python mode per
-    operator instead of two.
+    entered, the fake mode (``_booking_fake_mode_class``) hands it each operator, one Python
+    mode per operator instead of two.
     """
 
     def __init__(self, target: torch.device):
@@ -603,14 +604,16 @@ class _FakeAccountant(_Accountant):
         return out
 
 
-def _booking_fake_mode(acc: _FakeAccountant):
-    """A ``FakeTensorMode`` that hands every operator the program calls to ``acc``.
+@functools.cache
+def _booking_fake_mode_class() -> type:
+    """``FakeTensorMode`` that hands every operator the program calls to its ``acc``.
 
     Only the outermost call is booked: the operators FakeTensorMode runs inside one (a
     decomposition, a meta kernel written in Python) are not the program's, and a real step
     would not see them either. Booking here rather than in a second dispatch mode on top saves
     a Python mode round trip per operator, and the raw ``__torch_dispatch__`` (like the
     accountant's) skips the ``torch._dynamo.disable`` wrapper torch puts around each call.
+    Made on first use: importing FakeTensorMode imports torch._dynamo (seconds).
     """
     from torch._subclasses.fake_tensor import _DISPATCH_META_HANDLERS, FakeTensorMode
 
@@ -619,8 +622,9 @@ def _booking_fake_mode(acc: _FakeAccountant):
         def _should_skip_dynamo(cls) -> bool:
             return False  # keep our __torch_dispatch__ a plain method (see _Accountant)
 
-        def __init__(self) -> None:
+        def __init__(self, acc: _FakeAccountant) -> None:
             super().__init__(allow_non_fake_inputs=True)
+            self.acc = acc
             self.depth = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -631,11 +635,11 @@ def _booking_fake_mode(acc: _FakeAccountant):
             kwargs = kwargs or {}
             # Nested calls, the time outside the step and metadata queries (x.device from
             # C++, about half the calls of a step) allocate nothing the step owns.
-            if self.depth or not acc.on or func in _DISPATCH_META_HANDLERS:
+            if self.depth or not self.acc.on or func in _DISPATCH_META_HANDLERS:
                 return super().dispatch(func, types, args, kwargs)
             self.depth += 1
             try:
-                return acc.run(func, args, kwargs, self._fake_call(types))
+                return self.acc.run(func, args, kwargs, self._fake_call(types))
             finally:
                 self.depth -= 1
 
@@ -643,7 +647,7 @@ def _booking_fake_mode(acc: _FakeAccountant):
             parent = super().dispatch
             return lambda func, args, kwargs: parent(func, types, args, kwargs)
 
-    return _BookingFakeMode()
+    return _BookingFakeMode
 
 
 @contextmanager
@@ -704,7 +708,7 @@ def estimate(
                 f"move them with .to({str(home)!r})"
             )
     acc = _FakeAccountant(target)  # fake tensors keep their (empty) storage on meta
-    fake_mode = _booking_fake_mode(acc)
+    fake_mode = _booking_fake_mode_class()(acc)
     outer, _local.estimating = getattr(_local, "estimating", False), True  # no budget checks
     with contextlib.ExitStack() as stack:
         stack.callback(setattr, _local, "estimating", outer)
