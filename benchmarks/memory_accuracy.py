@@ -11,8 +11,9 @@ training step's peak tensor memory on the CPU:
 
 Targets: breakdown within 1% of the profiler (it reads the same allocator events), estimate
 within 3% of breakdown or flagged (``unseen_scratch`` names the operators whose scratch fake
-tensors cannot see). It also times
-``measure()`` around a training step (overhead ratio) and ``estimate()`` of a 7B transformer.
+tensors cannot see). It also times the first ``measure()`` of a fresh process (with 0 and 200k
+tensors alive), the overhead per operator of a running ``Tracker``, ``measure()`` around a
+training step (overhead ratio) and ``estimate()`` of a 7B transformer.
 
     python benchmarks/memory_accuracy.py           # the quick sweep (about a minute)
     python benchmarks/memory_accuracy.py --full    # every model x batch 1..64 x 4 optimizers
