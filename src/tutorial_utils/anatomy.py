@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import operator
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -625,7 +626,7 @@ def _booking_fake_mode_class() -> type:
         def __init__(self, acc: _FakeAccountant) -> None:
             super().__init__(allow_non_fake_inputs=True)
             self.acc = acc
-            self.depth = 0
+            self.nesting = threading.local()  # (the autograd engine may run a device thread)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             # FakeTensorMode's own __torch_dispatch__, without its wrappers.
@@ -635,13 +636,14 @@ def _booking_fake_mode_class() -> type:
             kwargs = kwargs or {}
             # Nested calls, the time outside the step and metadata queries (x.device from
             # C++, about half the calls of a step) allocate nothing the step owns.
-            if self.depth or not self.acc.on or func in _DISPATCH_META_HANDLERS:
+            nesting = self.nesting
+            if getattr(nesting, "depth", 0) or not self.acc.on or func in _DISPATCH_META_HANDLERS:
                 return super().dispatch(func, types, args, kwargs)
-            self.depth += 1
+            nesting.depth = 1
             try:
                 return self.acc.run(func, args, kwargs, self._fake_call(types))
             finally:
-                self.depth -= 1
+                nesting.depth = 0
 
         def _fake_call(self, types):
             parent = super().dispatch
