@@ -11,13 +11,15 @@ training step's peak tensor memory on the CPU:
 
 Targets: breakdown within 1% of the profiler (it reads the same allocator events), estimate
 within 3% of breakdown or flagged (``unseen_scratch`` names the operators whose scratch fake
-tensors cannot see). It also times
-``measure()`` around a training step (overhead ratio) and ``estimate()`` of a 7B transformer.
+tensors cannot see). It also times the first ``measure()`` of a fresh process (with 0 and 200k
+tensors alive), the overhead per operator of a running ``Tracker``, ``measure()`` around a
+training step (overhead ratio) and ``estimate()`` of a 7B transformer.
 
     python benchmarks/memory_accuracy.py           # the quick sweep (about a minute)
     python benchmarks/memory_accuracy.py --full    # every model x batch 1..64 x 4 optimizers
     python benchmarks/memory_accuracy.py --wide --skip-timings   # 22 families x 2 batches x
                                                    # fp32/bf16 autocast x SGD/AdamW
+    python benchmarks/memory_accuracy.py --timings-only   # the costs alone (about 2 minutes)
 """
 
 from __future__ import annotations
@@ -173,6 +175,39 @@ def per_op_overhead(n: int = 20_000, repeats: int = 5) -> tuple[float, float]:
     finally:
         tracker.stop()
     return bare, tracked
+
+
+# One fresh interpreter per run: the first measure() of a session starts the accountant, which
+# books every tensor that already exists (one pass over the garbage collector's objects).
+_FIRST_MEASURE = """
+import sys, time
+import torch
+from tutorial_utils import memory
+keep = [torch.ones(1) for _ in range(int(sys.argv[1]))]
+x = torch.ones(10)
+t0 = time.perf_counter()
+with memory.measure("cpu"):
+    y = torch.ones(1000)
+print(time.perf_counter() - t0)
+"""
+
+
+def first_measure(live_tensors: int = 0, runs: int = 5) -> list[float]:
+    """Seconds of the first ``measure()`` in a fresh Python process, with ``live_tensors``
+    one-element tensors alive before it (one process per run, sorted)."""
+    import subprocess
+
+    times = []
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", _FIRST_MEASURE, str(live_tensors)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        times.append(float(out.stdout.split()[-1]))
+    return sorted(times)
 
 
 def overhead_ratio(
@@ -484,8 +519,13 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--skip-7b", action="store_true")
     parser.add_argument("--skip-timings", action="store_true")
+    parser.add_argument(
+        "--timings-only", action="store_true", help="skip the accuracy table, only time"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # steadier timings on a shared machine
+    if args.timings_only:
+        return timings(args.skip_7b)
 
     if args.batches:
         batches = args.batches
@@ -538,7 +578,18 @@ def main(argv=None) -> int:
     )
     if args.skip_timings:
         return 0
+    return timings(args.skip_7b)
 
+
+def timings(skip_7b: bool = False) -> int:
+    for live in (0, 200_000):
+        runs = first_measure(live)
+        print(
+            f"\nfirst measure() in a fresh process, {live:,} tensors alive before it: median "
+            f"{statistics.median(runs) * 1e3:.1f} ms (5 processes: "
+            + ", ".join(f"{t * 1e3:.1f}" for t in runs)
+            + " ms)"
+        )
     bare, tracked = per_op_overhead()
     print(
         f"\nper-operator overhead of a running Tracker (x + 1 on 16x16, median of 5 x 20k): "
@@ -565,11 +616,18 @@ def main(argv=None) -> int:
                 f"ratio {ratio:.2f}x"
             )
 
-    if not args.skip_7b:
-        seconds, result = time_7b()
+    if not skip_7b:
+        seconds, result = time_7b()  # the first in this process also imports torch._dynamo
+        runs = sorted(time_7b()[0] for _ in range(5))
+        per_param = (result.parameters + result.gradients + result.optimizer_state) / (
+            result.parameters / 4
+        )
         print(
-            f"\nestimate() of a 7B decoder (AdamW, batch 1 x 512 tokens): {seconds:.2f} s; "
-            f"{result.parameters / 2**30:.2f} GiB parameters, peak {result.peak / 2**30:.2f} GiB"
+            f"\nestimate() of a 7B decoder (AdamW, batch 1 x 512 tokens): first in the process "
+            f"{seconds:.2f} s, then median {statistics.median(runs):.2f} s (5 runs: "
+            + ", ".join(f"{t:.2f}" for t in runs)
+            + f" s); {result.parameters / 2**30:.2f} GiB parameters, peak "
+            f"{result.peak / 2**30:.2f} GiB, {per_param:.2f} bytes per parameter (Adam: 16)"
         )
     return 0
 

@@ -581,6 +581,27 @@ def test_starting_the_count_is_quick_and_does_not_import_dynamo():
     assert float(out[2]) < 2.0  # importing torch._dynamo alone takes about 3 s here
 
 
+class _Tagged(torch.Tensor):
+    """A tensor subclass defined outside torch, as a learner or a library would write one."""
+
+
+def test_existing_subclass_tensors_are_booked_and_their_frees_seen():
+    """The scan at the start skips torch's wrapper subclasses, never one defined elsewhere."""
+    x = torch.Tensor._make_subclass(_Tagged, torch.zeros(256, 1024))  # 1 MiB, born before
+    assert _Tagged in accounting._storage_kinds()
+    with memory.measure("cpu") as m:
+        del x
+    assert m.delta_bytes == -1 * MiB and m.start_bytes >= 1 * MiB
+
+
+def test_the_scan_skips_torch_wrapper_subclasses_only():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    kinds = accounting._storage_kinds()
+    assert {torch.Tensor, nn.Parameter} <= kinds and FakeTensor not in kinds
+    assert type(nn.Buffer(torch.ones(2))) is torch.Tensor  # why nn.Buffer need not be scanned
+
+
 def test_gradients_made_in_cpp_count_as_existing():
     """A .grad that autograd allocated, never read from Python, is booked when counting starts."""
     model = torch.nn.Linear(256, 256)

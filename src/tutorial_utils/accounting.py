@@ -211,6 +211,18 @@ _PLAIN = (torch.Tensor, nn.Parameter)  # tensor types whose storage is where the
 _active: weakref.WeakSet = weakref.WeakSet()  # accountants that are counting now, any thread
 
 
+class _StorageRef(weakref.ref):
+    """A weak reference to a booked storage that carries its address and booked size.
+
+    One shared callback (``_Accountant._on_free``) reads them when the storage dies: about half
+    the cost of a weak reference with a closure of its own, which matters when the first
+    ``measure`` of a session books every tensor that already exists (hundreds of thousands in
+    a big notebook).
+    """
+
+    __slots__ = ("key", "nbytes")
+
+
 def _patch_storage_resize() -> None:
     """Book ``untyped_storage().resize_(n)``: it changes a storage's size without an operator
     the dispatcher sees (FSDP2 frees its gathered weights this way). Installed once; a plain
@@ -248,8 +260,9 @@ class _Accountant(TorchDispatchMode):
     def __init__(self, storage_device: str = "cpu"):
         super().__init__()
         self.storage_device = storage_device
+        self.cpu = storage_device == "cpu"
         self.lock = threading.RLock()  # RLock: a weakref callback can fire while we book
-        self.live: dict[int, tuple[weakref.ref, int]] = {}  # storage address -> (ref, nbytes)
+        self.live: dict[int, _StorageRef] = {}  # storage address -> its weak reference
         self.current = 0
         self.peak = 0  # running peak since the last window opened or reset
         self.windows: list[_Window] = []
@@ -273,15 +286,16 @@ class _Accountant(TorchDispatchMode):
             if entry is None:
                 return
             nbytes = storage.nbytes()
-            self.current += nbytes - entry[1]
-            self.live[storage._cdata] = (entry[0], nbytes)
+            self.current += nbytes - entry.nbytes
+            entry.nbytes = nbytes
             self.peak = max(self.peak, self.current)
 
-    def _free(self, key: int) -> None:
+    def _on_free(self, ref: _StorageRef) -> None:
+        """A booked storage died (the callback of its weak reference)."""
         with self.lock:
-            entry = self.live.pop(key, None)
-            if entry is not None:
-                self.current -= entry[1]
+            if self.live.get(ref.key) is ref:
+                del self.live[ref.key]
+                self.current -= ref.nbytes
 
     def _new_bytes(self, tensors: Sequence) -> tuple[int, list]:
         """Bytes of storages in ``tensors`` not booked yet (or grown), and what to book."""
@@ -303,8 +317,8 @@ class _Accountant(TorchDispatchMode):
             if entry is None:
                 added += nbytes
                 todo.append((key, s, nbytes))
-            elif entry[1] != nbytes:  # resized in place
-                added += nbytes - entry[1]
+            elif entry.nbytes != nbytes:  # resized in place
+                added += nbytes - entry.nbytes
                 todo.append((key, None, nbytes))
         return added, todo
 
@@ -319,13 +333,39 @@ class _Accountant(TorchDispatchMode):
                 return
             if self.limited:
                 self._check_budget(added + transient, what)
+            live, on_free = self.live, self._on_free
             for key, s, nbytes in todo:
                 if s is None:
-                    self.live[key] = (self.live[key][0], nbytes)
+                    live[key].nbytes = nbytes
                 else:
-                    self.live[key] = (weakref.ref(s, lambda _, k=key: self._free(k)), nbytes)
+                    ref = live[key] = _StorageRef(s, on_free)
+                    ref.key, ref.nbytes = key, nbytes
             self.current += added
             self.peak = max(self.peak, self.current + transient)
+
+    def _book_one(self, t: torch.Tensor) -> None:
+        """``book([t])`` for one plain tensor, no transient bytes and no budget (a CPU op's
+        usual output): the per-operator cost of a running Tracker is mostly here."""
+        if not t.is_cpu:
+            return
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, ...
+            return
+        key, nbytes = s._cdata, s.nbytes()
+        with self.lock:
+            entry = self.live.get(key)
+            if entry is None:
+                ref = self.live[key] = _StorageRef(s, self._on_free)
+                ref.key, ref.nbytes = key, nbytes
+                self.current += nbytes
+            elif entry.nbytes != nbytes:  # resized in place
+                self.current += nbytes - entry.nbytes
+                entry.nbytes = nbytes
+            else:
+                return  # a view, or an in-place op: nothing new
+            if self.current > self.peak:
+                self.peak = self.current
 
     def _check_budget(self, nbytes: int, what: object) -> None:
         for w in self.windows:
@@ -344,6 +384,9 @@ class _Accountant(TorchDispatchMode):
         if self.limited and func in _PRECHECKED:  # refuse before allocating, when we can
             self._precheck(func, args, kwargs)
         out = func(*args, **kwargs)
+        if type(out) is torch.Tensor and self.cpu and not self.limited and func not in _SCRATCH_OPS:
+            self._book_one(out)  # the common case, without book()'s lists
+            return out
         outs = out if isinstance(out, (tuple, list)) else (out,)
         transient = _scratch_bytes(func, args, self.storage_device) if func in _SCRATCH_OPS else 0
         self.book(outs, transient, what=func)
@@ -402,25 +445,76 @@ class _Accountant(TorchDispatchMode):
 
     def book_existing(self) -> None:
         """Book every tensor Python can reach now (a notebook's earlier tensors, the model...)."""
-        kinds, todo = set(), [torch.Tensor]
-        while todo:  # torch.Tensor and all its subclasses (Parameter, FakeTensor, ...)
-            kind = todo.pop()
-            if kind not in kinds:
-                kinds.add(kind)
-                todo.extend(kind.__subclasses__())
+        kinds = _storage_kinds()
         # A tensor's gc traversal visits its class, so this finds them all in one C-level pass
         # over the tracked objects: about 3x faster than filtering gc.get_objects() in Python.
+        # That pass is most of the cost of starting the count (it grows with every object of
+        # the session, tensor or not), and each class asked for slows it a little.
         found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
         # A gradient that autograd created in C++ has no Python object until someone reads
         # ``.grad``, so the scan above cannot see it: reach it through its parameter.
         grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
-        self.book(found + grads)
+        # What book() does, in one loop without its per-tensor tuples: this is the part of
+        # starting the count that grows with the number of tensors.
+        # The collector stays off meanwhile: each weak reference is a tracked object, and with
+        # 200k tensors it would run hundreds of young-generation passes over what we just made.
+        cpu, collecting = self.storage_device == "cpu", gc.isenabled()
+        gc.disable()
+        try:
+            self._book_found(found + grads, cpu)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _book_found(self, tensors: list, cpu: bool) -> None:
         with self.lock:
+            live, on_free, added = self.live, self._on_free, 0
+            for t in tensors:
+                try:
+                    s = t.untyped_storage()
+                except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
+                    continue
+                if cpu and type(t) in _PLAIN:  # fast path: no device object
+                    if not t.is_cpu:
+                        continue
+                elif s.device.type != self.storage_device:
+                    continue
+                key = s._cdata
+                if key in live:  # a view of a storage booked already
+                    continue
+                ref = live[key] = _StorageRef(s, on_free)
+                ref.key = key
+                ref.nbytes = nbytes = s.nbytes()
+                added += nbytes
+            self.current += added
             self.peak = self.current
 
     def clear(self) -> None:
         with self.lock:
             self.live.clear()  # dropping the weak references also drops their callbacks
+
+
+def _storage_kinds() -> set[type]:
+    """``torch.Tensor``, ``nn.Parameter`` and the tensor subclasses defined outside torch.
+
+    The other subclasses torch defines own no CPU memory of their own: wrapper subclasses
+    (FakeTensor, FunctionalTensor, MaskedTensor, NestedTensor, the semi-structured sparse
+    ones...) keep an empty or ``meta`` storage, their data in plain tensors the scan finds
+    anyway; ``nn.Buffer(x)`` returns a plain tensor; an ``UninitializedParameter`` holds 0 bytes
+    until it materializes, through operators we book. A subclass defined outside torch (a
+    learner's, a library's) is always scanned. Each class left out makes the scan faster.
+    """
+    kinds, todo = set(), [torch.Tensor]
+    while todo:  # torch.Tensor and all its subclasses
+        kind = todo.pop()
+        if kind not in kinds:
+            kinds.add(kind)
+            todo.extend(kind.__subclasses__())
+    return {
+        k
+        for k in kinds
+        if k in (torch.Tensor, nn.Parameter) or not k.__module__.startswith("torch.")
+    }
 
 
 # One running CPU accountant per thread (dispatch modes are thread-local): measure, budget and

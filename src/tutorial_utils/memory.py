@@ -51,7 +51,10 @@ What the CPU accounting cannot see, and what we do about it:
   notebook runs every cell on one thread.
 - Starting the count (the first ``measure``, ``budget`` or ``Tracker`` that is not nested in
   another) books the tensors that already exist with one pass over the garbage collector's
-  objects: tens of milliseconds in a big session. A running ``Tracker`` makes later blocks free.
+  objects. That pass grows with every object of the session, tensor or not: about 20 ms just
+  after ``import torch`` on a small machine, more in a big notebook, plus about 1.5 us per
+  existing tensor (``benchmarks/memory_accuracy.py --timings-only``). A running ``Tracker``
+  makes later blocks free of it.
 """
 
 from __future__ import annotations
