@@ -300,6 +300,19 @@ def hanging_nvidia_smi(tmp_path, monkeypatch):
     return types.SimpleNamespace(exe=exe, pids=pids)
 
 
+def wait_until(cond, timeout_s: float = 10.0) -> bool:
+    """Poll ``cond`` every 0.1 s until it is true or ``timeout_s`` has passed; its last value.
+
+    For processes that were SIGKILLed: they are gone within milliseconds, but not at once, and
+    one that was never killed is still there when the time is up."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
 def alive(pids) -> list[int]:
     """The pids among ``pids`` that still run (zombies count as gone)."""
     out = []

@@ -11,19 +11,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import alive
+from conftest import alive, wait_until
 
 from tutorial_utils import processes
 from tutorial_utils.processes import tied_to_parent
-
-
-def wait_until(cond, timeout_s: float = 10.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def test_run_returns_the_output():
