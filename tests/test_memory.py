@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from tutorial_utils import devices, memory, models
+from tutorial_utils import accounting, devices, memory, models
 
 MiB = 2**20
 
