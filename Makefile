@@ -26,11 +26,14 @@ lab: $(STAMP)
 # Notebooks first: they are the longest files (03, 04, 06, 07 take minutes on 2 cores), so each
 # worker starts on one and the short unit-test files fill in at the end instead of waiting on them.
 # make test fits CI's five minutes: lint, strict nbval on every notebook, every unit test not
-# marked slow. make test-all adds the slow ones (torchrun launches, JupyterLab servers, fault
-# probes, the browser, repo2docker): run it before a release or a change to those parts.
+# marked slow, and the five slow tests marked guard (no torchrun rank outlives a killed kernel or
+# an interrupted cell, no lab token on a command line, a real server refuses a missing token).
+# make test-all adds the other slow ones (torchrun launches and their faults, JupyterLab
+# servers, doctor probes, the browser, repo2docker): run it before a release or a change to
+# those parts.
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow" -n 2 --dist loadfile --durations=12
+	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard" -n 2 --dist loadfile --durations=12
 
 test-all: $(STAMP) browser-deps
 	$(MAKE) lint

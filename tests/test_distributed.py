@@ -156,6 +156,7 @@ def test_hanging_rank_times_out_and_everything_is_reaped(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.guard
 def test_interrupting_the_cell_stops_every_process(tmp_path):
     """The notebook's stop button raises KeyboardInterrupt inside launch: nothing may survive it."""
 

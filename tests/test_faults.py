@@ -173,6 +173,7 @@ def test_every_row_has_its_test_and_every_test_its_row():
 
 
 @pytest.mark.slow
+@pytest.mark.guard
 def test_lab_token_is_in_no_command_line():
     seen = probe.lab_token()
     assert seen == {"served": True, "processes_showing_the_token": 0, "token_files_left": []}
@@ -195,6 +196,7 @@ def test_bad_port_variable_is_one_sentence():
 
 
 @pytest.mark.slow
+@pytest.mark.guard
 @pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
 def test_no_orphans_after_the_kernel_is_killed(signal_name):
     seen = probe.orphans(signal_name, wait_s=10.0)

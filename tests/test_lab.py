@@ -61,6 +61,7 @@ def test_makefile_lab_uses_the_launcher():
 
 
 @pytest.mark.slow
+@pytest.mark.guard
 def test_real_server_needs_its_own_token(start_lab, tmp_path):
     # A JUPYTER_TOKEN in the learner's environment would win over ours: it must not be used.
     run = start_lab(env={"JUPYTER_TOKEN": "not-secret"})
