@@ -371,20 +371,6 @@ class _SelfAttention(nn.Module):
         return self.norm(x + self.attn(x, x, x, need_weights=False)[0])
 
 
-class _TiedTransformerLM(nn.Module):
-    """Embedding, a transformer layer, an output layer sharing the embedding's weight."""
-
-    def __init__(self, vocab: int = 2000, d: int = 64):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.block = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
-        self.head = nn.Linear(d, vocab, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens):  # (B, T) -> (B, T, vocab)
-        return self.head(self.block(self.embed(tokens)))
-
-
 def _mini_llama():
     return nn.Sequential(_Block(64, 172, 4), _Block(64, 172, 4))
 
@@ -414,7 +400,7 @@ WIDE_MODELS = {
     "RNN(tanh)": (lambda: _Recurrent(nn.RNN), _tokens()),
     "TransformerDecoder": (_Decoder, _tokens()),
     "SelfAttention": (_SelfAttention, _sequences(16, 64)),
-    "TiedTransformerLM": (_TiedTransformerLM, _tokens(vocab=2000)),
+    "TiedTransformerLM": (lambda: models.TiedLM(mixer="transformer"), _tokens(vocab=2000)),
     "MiniLlama(RMSNorm)": (_mini_llama, _sequences(16, 64)),
     "LayerNorm MLP": (
         _seq(lambda: [nn.Linear(256, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 10)]),

@@ -74,3 +74,12 @@ def test_batches_are_seeded_and_leave_the_global_generator_alone():
     torch.manual_seed(5)
     x1, x2 = models.mlp_batch(4, 8, seed=3), models.mlp_batch(4, 8, seed=3)
     assert torch.equal(x1, x2) and torch.equal(torch.rand(2), expected)
+
+
+def test_tied_lm_with_a_transformer_mixer_shares_one_weight_and_refuses_other_mixers():
+    model = models.TiedLM(vocab=50, d_model=16, mixer="transformer")
+    assert isinstance(model.mix, nn.TransformerEncoderLayer)
+    assert model.out.weight is model.embed.weight
+    assert model(torch.randint(0, 50, (2, 5))).shape == (2, 5, 50)
+    with pytest.raises(ValueError, match="mixer must be 'mlp' or 'transformer', not 'lstm'"):
+        models.TiedLM(mixer="lstm")

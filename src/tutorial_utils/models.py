@@ -155,13 +155,24 @@ class EmbeddingBagClassifier(nn.Module):
 
 
 class TiedLM(nn.Module):
-    """A tiny language model whose output layer shares the embedding's weight (tied weights)."""
+    """A tiny language model whose output layer shares the embedding's weight (tied weights).
 
-    def __init__(self, vocab: int = 2000, d_model: int = 64, seed: int = 0):
+    ``mixer="transformer"`` puts one ``nn.TransformerEncoderLayer`` (4 heads, no dropout)
+    between them instead of a Linear and a GELU.
+    """
+
+    def __init__(self, vocab: int = 2000, d_model: int = 64, seed: int = 0, mixer: str = "mlp"):
         super().__init__()
+        if mixer not in ("mlp", "transformer"):
+            raise ValueError(f"TiedLM: mixer must be 'mlp' or 'transformer', not {mixer!r}")
         with _initialised_with(seed):
             self.embed = nn.Embedding(vocab, d_model)
-            self.mix = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU())
+            if mixer == "transformer":
+                self.mix = nn.TransformerEncoderLayer(
+                    d_model, 4, 4 * d_model, dropout=0.0, batch_first=True
+                )
+            else:
+                self.mix = nn.Sequential(nn.Linear(d_model, d_model), nn.GELU())
             self.out = nn.Linear(d_model, vocab, bias=False)
             self.out.weight = self.embed.weight  # one Parameter, counted once
 
