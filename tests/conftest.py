@@ -300,6 +300,18 @@ def hanging_nvidia_smi(tmp_path, monkeypatch):
     return types.SimpleNamespace(exe=exe, pids=pids)
 
 
+def move_ref(batch, device):
+    """The reference answer to notebook 01's move-a-batch exercise: every tensor inside nested
+    dicts, lists and tuples moved to ``device``, everything else kept as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: move_ref(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_ref(v, device) for v in batch)
+    return batch
+
+
 def wait_until(cond, timeout_s: float = 10.0) -> bool:
     """Poll ``cond`` every 0.1 s until it is true or ``timeout_s`` has passed; its last value.
 

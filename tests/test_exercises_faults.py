@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import EqInt, EqualToAll
+from conftest import EqInt, EqualToAll, move_ref
 from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import _disable_current_modes
@@ -31,16 +31,6 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 
 
 # --- answers built from the right ones -----------------------------------------------------
-
-
-def move_ref(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: move_ref(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_ref(v, device) for v in batch)
-    return batch
 
 
 def move_non_tensors_to_any(batch, device):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import move_ref
 from torch import nn
 
 from tutorial_utils.exercises import ExerciseNotPassed
@@ -60,16 +61,6 @@ def test_setup_partial_optimizer_fails():
 
     fb = check_setup_training(half)
     assert not fb.passed and "does not train 2" in str(fb)
-
-
-def move_ref(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: move_ref(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_ref(v, device) for v in batch)
-    return batch
 
 
 def test_move_reference_passes():

@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 import torch
-from conftest import EqFloat, EqInt, EqualToAll
+from conftest import EqFloat, EqInt, EqualToAll, move_ref
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -163,16 +163,6 @@ def test_setup_training_rejects_broken_setups(which):
         return model, torch.optim.SGD(params, lr=0.1)
 
     assert rejected(moving.check_setup_training(setup))
-
-
-def move_ref(batch, device):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: move_ref(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_ref(v, device) for v in batch)
-    return batch
 
 
 def _leaves(tree, path=()):
