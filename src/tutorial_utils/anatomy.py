@@ -552,6 +552,96 @@ _UNSEEN_SCRATCH = {
     _aten.mkldnn_rnn_layer_backward.default: "oneDNN's RNN workspace",
 }
 
+# Matrix products that PyTorch hands to oneDNN on a CPU with native reduced-precision units
+# (AVX512-BF16 or AMX: a recent laptop or cloud CPU): oneDNN then allocates scratch inside the
+# operator (a primitive's scratchpad and reordered operands, about 10 KiB to a few hundred KiB
+# per call, not a function of the shapes we could write down) that fake tensors cannot see.
+# On a CPU without those units (or under ONEDNN_MAX_CPU_ISA=AVX2) the same products run in
+# PyTorch's own kernels, without that scratch. ATen's rule (aten/src/ATen/native/mkldnn/Matmul.cpp,
+# use_mkldnn_bf16_matmul): oneDNN is enabled, every operand and the result are bf16 (fp16 where
+# the CPU has native fp16; fp32 under torch.backends.mkldnn.matmul.fp32_precision == "bf16",
+# which torch.set_float32_matmul_precision("medium") sets), and the product is larger than
+# 16 * 16 * 16 (m * k * n, times the batch for bmm; m * k for mv; n for dot).
+_ONEDNN_MATMUL_SCRATCH = "oneDNN's reduced-precision matmul scratch (this CPU has native bf16)"
+_ONEDNN_MIN_SIZE = 16 * 16 * 16
+_ONEDNN_MATMULS = {  # operator -> (index of the first matrix, of the second)
+    _aten.mm.default: (0, 1),
+    _aten.addmm.default: (1, 2),
+    _aten.bmm.default: (0, 1),
+    _aten.baddbmm.default: (1, 2),
+    _aten.mv.default: (0, 1),
+    _aten.addmv.default: (1, 2),
+    _aten.dot.default: (0, 1),
+}
+
+
+@functools.cache
+def _native_reduced_precision() -> frozenset[torch.dtype]:
+    """The dtypes whose CPU matrix products oneDNN runs on this machine's native units.
+
+    Asked once per process: oneDNN reads ``ONEDNN_MAX_CPU_ISA`` (and the CPU's features) when
+    it starts, and ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` answers for that, where
+    ``torch.backends.cpu.get_cpu_capability()`` (ATen's own kernels) does not: under
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` an AVX512-BF16 CPU still reports ``AVX512`` there.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return frozenset()
+    found = set()
+    for dtype, probe in (
+        (torch.bfloat16, "_is_mkldnn_bf16_supported"),
+        (torch.float16, "_is_mkldnn_fp16_supported"),
+    ):
+        try:
+            if getattr(torch.ops.mkldnn, probe)():
+                found.add(dtype)
+        except (AttributeError, RuntimeError):  # a build without the probe: assume not
+            pass
+    return frozenset(found)
+
+
+def onednn_matmul_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes whose CPU matrix products go to oneDNN right now (empty on most CPUs).
+
+    bf16 (and fp16) on a CPU with native units for them, while ``torch.backends.mkldnn`` is
+    enabled; fp32 too while ``torch.backends.mkldnn.matmul.fp32_precision`` is ``"bf16"``.
+    """
+    native = _native_reduced_precision()
+    if not native or not torch.backends.mkldnn.enabled:
+        return frozenset()
+    if torch.bfloat16 in native and _mkldnn_fp32_precision() == "bf16":
+        return native | {torch.float32}
+    return native
+
+
+def _mkldnn_fp32_precision() -> str:
+    try:
+        return str(torch.backends.mkldnn.matmul.fp32_precision)
+    except (AttributeError, RuntimeError):  # older torch: no such setting
+        return "none"
+
+
+def _takes_onednn_matmul(func, args) -> bool:
+    """Does this CPU matrix product run in oneDNN, with scratch fake tensors cannot see?"""
+    first, second = _ONEDNN_MATMULS[func]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dtypes = onednn_matmul_dtypes()
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) != 1 or not kinds <= dtypes:  # every operand in one dtype oneDNN takes
+        return False
+    a, b = args[first], args[second]
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.dim() == 1:  # dot
+        size = a.shape[0]
+    elif b.dim() == 1:  # mv
+        size = a.shape[0] * a.shape[1]
+    elif a.dim() == 2:  # mm
+        size = a.shape[0] * a.shape[1] * b.shape[1]
+    else:  # bmm
+        size = a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    return size > _ONEDNN_MIN_SIZE
+
+
 # Operators whose real kernels refuse operands of different dtypes, where the fake (meta)
 # kernel does not check (nn.Linear on a tensor of token ids runs on fake tensors).
 _SAME_DTYPE = {
@@ -595,6 +685,12 @@ class _FakeAccountant(_Accountant):
                 raise RuntimeError(
                     f"{func} needs its tensors in one dtype, got {names} (a real step raises too)"
                 )
+        if (
+            func in _ONEDNN_MATMULS
+            and self.target.type == "cpu"
+            and _takes_onednn_matmul(func, args)
+        ):
+            self.unseen.setdefault(str(func.overloadpacket.__name__), _ONEDNN_MATMUL_SCRATCH)
         if func in _UNSEEN_SCRATCH and self.target.type == "cpu":
             if not (func is _aten.convolution.default and _scratch_bytes(func, args, "meta")):
                 self.unseen.setdefault(str(func.overloadpacket.__name__), _UNSEEN_SCRATCH[func])
