@@ -16,10 +16,13 @@ docstring for what the counts can and cannot see).
 
 from __future__ import annotations
 
+import _thread
+import ctypes
 import gc
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from torch import nn
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode,
+    _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
 )
@@ -267,6 +271,12 @@ class _Accountant(TorchDispatchMode):
         self.peak = 0  # running peak since the last window opened or reset
         self.windows: list[_Window] = []
         self.limited = False  # is any window a budget? (skip the checks when not)
+        # Set when the last reader left from another thread than the one whose dispatch stack
+        # holds this mode: it stops booking (a pass-through) until that thread takes it off.
+        self.retiring = False
+        self.on_main_thread = False  # pushed by the main thread (see _retire_elsewhere)
+        self.pending = False  # a call to take it off is queued on the main thread
+        self.owner_name = ""  # the name of the thread that pushed it, for messages
 
     def __enter__(self):
         _active.add(self)
@@ -381,6 +391,9 @@ class _Accountant(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.retiring:  # nobody reads these books any more: only wait to be taken off
+            _take_off_soon(self)
+            return func(*args, **kwargs)
         if self.limited and func in _PRECHECKED:  # refuse before allocating, when we can
             self._precheck(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -522,35 +535,149 @@ def _storage_kinds() -> set[type]:
 # threading.local, not a dict keyed by thread id: a thread that dies with a Tracker still running
 # takes its accountant with it, and a new thread that reuses its id starts clean.
 _local = threading.local()
+_MAIN_IDENT = threading.main_thread().ident
 
 
 def _acquire_shared(limit: int | None = None) -> tuple[_Accountant, _Window]:
-    acc = getattr(_local, "shared", None)
-    if acc is None:
-        acc = _Accountant("cpu")
-        acc.book_existing()
-        acc.__enter__()  # push the mode; it stays pushed across notebook cells
-        _local.shared = acc
-    return acc, acc.open_window(limit)
+    _local.busy = True  # (a call _retire_elsewhere queued waits until we are done)
+    acc = None
+    try:
+        acc = getattr(_local, "shared", None)
+        if acc is not None and acc.retiring:  # left from another thread: off, and start afresh
+            _take_off(acc)
+            acc = None
+        if acc is None:
+            acc = _Accountant("cpu")
+            acc.book_existing()
+            acc.on_main_thread = _thread.get_ident() == _MAIN_IDENT
+            acc.owner_name = threading.current_thread().name
+            _local.shared = acc
+            acc.__enter__()  # push the mode; it stays pushed across notebook cells
+        return acc, acc.open_window(limit)
+    except BaseException:  # a KeyboardInterrupt while starting: leave no mode behind
+        if acc is not None and not acc.windows and getattr(_local, "shared", None) is acc:
+            _take_off(acc)
+        raise
+    finally:
+        _local.busy = False
 
 
 def _release_shared(acc: _Accountant, window: _Window) -> None:
+    """Close ``window``; the last one out takes the mode off the thread that pushed it.
+
+    From another thread (a generator closed elsewhere, a gauge's finalizer in its sampling
+    thread, ``Tracker.stop()`` called from a worker) the mode cannot be popped here: dispatch
+    modes live on each thread's own stack. The accountant then stops booking at once and is
+    taken off by its own thread (``_retire_elsewhere``).
+    """
     acc.close_window(window)
-    if acc.windows or getattr(_local, "shared", None) is not acc:
+    if acc.windows:
         return
-    # Another mode may sit above ours (a learner's, or one entered inside the block and left
-    # on): lift it off, take ours out, and put it back, so nothing keeps counting after us.
-    above = []
-    while _get_current_dispatch_mode() not in (acc, None):
-        above.append(_pop_mode())
-    try:
-        if _get_current_dispatch_mode() is acc:
-            acc.__exit__(None, None, None)
-    finally:
-        for mode in reversed(above):
-            _push_mode(mode)
+    if getattr(_local, "shared", None) is acc:
+        _local.busy = True
+        try:
+            _take_off(acc)
+        finally:
+            _local.busy = False
+    elif not acc.retiring:
+        _retire_elsewhere(acc)
+
+
+def _take_off(acc: _Accountant) -> bool:
+    """Pop ``acc`` off this thread's dispatch stack (it must be this thread's); True when done.
+
+    Another mode may sit above ours (a learner's, or one entered inside the block and left
+    on): lift it off, take ours out, and put it back, so nothing keeps counting after us.
+    """
+    stack = _get_current_dispatch_mode_stack()
+    if acc in stack:
+        above = []
+        while _get_current_dispatch_mode() not in (acc, None):
+            above.append(_pop_mode())
+        try:
+            if _get_current_dispatch_mode() is acc:
+                acc.__exit__(None, None, None)
+        finally:
+            for mode in reversed(above):
+                _push_mode(mode)
+    elif acc.retiring:
+        return False  # inside one of its own operators (it is off the stack meanwhile): later
+    acc.retiring = False
     acc.clear()
-    _local.shared = None
+    if getattr(_local, "shared", None) is acc:
+        _local.shared = None
+    return True
+
+
+def _retire_elsewhere(acc: _Accountant) -> None:
+    """The last reader of ``acc`` left from another thread: stop booking, and get it taken off.
+
+    On the main thread (a notebook's cells, a script) it is taken off at once, by a call the
+    interpreter runs there between two bytecodes (``Py_AddPendingCall``, as a signal handler
+    is). Another thread takes it off the next time it uses ``measure``, ``budget`` or a
+    ``Tracker``; until then every operator it runs passes through one Python call, and a
+    warning says so.
+    """
+    acc.retiring = True
+    acc.clear()  # no weak references left to call back
+    if acc.on_main_thread:
+        acc.pending = _call_in_main_thread(lambda: _take_off_in_main(acc))
+        if acc.pending:
+            return
+    warnings.warn(
+        f"a memory count (measure, budget or Tracker) begun in thread {acc.owner_name!r} was "
+        f"ended in thread {threading.current_thread().name!r}: its dispatch mode stays on in "
+        f"{acc.owner_name!r}, slowing each operator there, until that thread next calls "
+        "measure(), budget() or Tracker.start() or ends. End a count in the thread that began it.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _take_off_in_main(acc: _Accountant) -> None:
+    """Queued by ``_retire_elsewhere``; runs on the main thread, between two bytecodes."""
+    acc.pending = False
+    if acc.retiring and getattr(_local, "shared", None) is acc and not _local.__dict__.get("busy"):
+        _take_off(acc)  # False inside one of its own operators: the next operator asks again
+
+
+def _take_off_soon(acc: _Accountant) -> None:
+    """From an operator of a retiring accountant: ask its (main) thread to take it off."""
+    if acc.on_main_thread and not acc.pending and _thread.get_ident() == _MAIN_IDENT:
+        acc.pending = _call_in_main_thread(lambda: _take_off_in_main(acc))
+
+
+_PendingCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_pending: dict[int, object] = {}  # the callbacks ctypes made, alive until the interpreter runs them
+
+
+def _call_in_main_thread(fn) -> bool:
+    """Run ``fn()`` on the main thread at its next bytecode boundary; False if that is refused.
+
+    ``Py_AddPendingCall`` (CPython's C API, what delivers signals to Python code): the main
+    thread runs it when it next checks for signals, soon even in a long loop, right after a
+    blocking call returns otherwise. ``fn`` must not raise (errors are dropped).
+    """
+    try:
+        add = ctypes.pythonapi.Py_AddPendingCall
+    except (AttributeError, OSError):  # not CPython
+        return False
+
+    def run(_):
+        _pending.pop(id(callback), None)
+        try:
+            fn()
+        except Exception:  # nothing may escape into whatever the main thread was doing
+            pass
+        return 0
+
+    callback = _PendingCall(run)
+    add.argtypes, add.restype = [_PendingCall, ctypes.c_void_p], ctypes.c_int
+    _pending[id(callback)] = callback
+    if add(callback, None) != 0:  # the queue is full
+        _pending.pop(id(callback), None)
+        return False
+    return True
 
 
 # -----------------------------------------------------------------------------
@@ -709,6 +836,8 @@ class Tracker:
     ``current_bytes`` and ``peak_bytes`` are safe to read from another thread (the live gauge
     polls them). On the CPU it books the operators run by the thread that called ``start()``
     (a notebook runs every cell on its main thread); on CUDA it reads the caching allocator.
+    ``stop()`` may come from any thread: the counting comes off the thread that started it
+    (at once when that is the main thread; otherwise when it next counts, with a warning).
 
     >>> tracker = Tracker("cpu").start()
     >>> x = torch.zeros(256, 1024)          # 1 MiB
@@ -721,7 +850,6 @@ class Tracker:
         self.device = _resolve(device)
         self._acc: _Accountant | None = None
         self._window: _Window | None = None
-        self._owner: int | None = None
         self._start = 0
         self._final = (0, 0)  # (current, peak) when stopped
 
@@ -738,16 +866,11 @@ class Tracker:
             self._window = _cuda_open(self.device.index)
         else:
             self._acc, self._window = _acquire_shared()
-        self._owner = threading.get_ident()
         return self
 
     def stop(self) -> None:
         if not self.running:
             return
-        if self._owner != threading.get_ident():
-            raise RuntimeError(
-                "stop() this Tracker from the thread that started it (the notebook's)"
-            )
         if self.device.type == "cuda":
             _cuda_close(self.device.index, self._window)
             self._final = (self.current_bytes, int(self._window.peak))
@@ -882,15 +1005,17 @@ def measure(device: str | torch.device | None = None) -> Iterator[Measurement]:
             result.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(index))
             result.done = True
         return
-    acc, window = _acquire_shared()
-    result.start_bytes = window.start
+    acc = window = None
     try:
+        acc, window = _acquire_shared()
+        result.start_bytes = window.start
         yield result
     finally:
-        result.end_bytes = acc.current
-        _release_shared(acc, window)
-        result.peak_bytes = window.peak
-        result.done = True
+        if window is not None:
+            result.end_bytes = acc.current
+            _release_shared(acc, window)
+            result.peak_bytes = window.peak
+            result.done = True
 
 
 @contextmanager
@@ -920,8 +1045,9 @@ def budget(nbytes: int | str, device: str | torch.device | None = None) -> Itera
         finally:
             torch.cuda.set_per_process_memory_fraction(previous, index)
         return
-    acc, window = _acquire_shared(limit)
+    acc = window = None
     try:
+        acc, window = _acquire_shared(limit)
         if acc.current > limit:
             raise torch.OutOfMemoryError(
                 f"CPU out of memory (memory.budget). Budget {format_bytes(limit)}, but "
@@ -930,4 +1056,5 @@ def budget(nbytes: int | str, device: str | torch.device | None = None) -> Itera
             )
         yield
     finally:
-        _release_shared(acc, window)
+        if window is not None:
+            _release_shared(acc, window)
