@@ -935,3 +935,71 @@ def test_two_rooms_one_door():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr
     assert all(hasattr(memory, name) for name in memory.__all__)
+
+
+# --- memory shared or held without a storage of its own, counted once (issue 25 §5) ---------
+
+
+def test_memory_shared_through_numpy_counts_once():
+    a = torch.randn(1024, 1024)  # 4 MiB
+    with memory.measure("cpu") as m:
+        b = torch.from_numpy(a.numpy())  # a's memory
+        c = torch.as_tensor(a.numpy())  # a's memory again
+        d = b + 0  # 4 MiB of its own
+    assert b.data_ptr() == c.data_ptr() == a.data_ptr()
+    assert m.delta_bytes == 4 * MiB, m
+    del b, c, d
+
+
+def test_a_budget_counts_what_is_in_use_once_at_entry():
+    # issue 25: 'budget(a.nbytes + 1 MiB)' raised at entry, "20 MiB already in use"
+    a = torch.randn(1024, 1024)
+    b, c = torch.from_numpy(a.numpy()), torch.as_tensor(a.numpy())
+    assert stack_depth() == 0  # the count starts here, from the tensors that exist
+    with memory.budget(a.nbytes + MiB), memory.measure("cpu") as m:
+        pass
+    assert m.start_bytes < a.nbytes + MiB
+    del b, c
+
+
+def test_numpy_memory_wrapped_twice_counts_once_and_outlives_its_first_wrapper():
+    import numpy as np
+
+    x = np.zeros(2**18, dtype=np.float32)  # 1 MiB that NumPy owns
+    with memory.measure("cpu") as m:
+        b = torch.from_numpy(x)
+        c = torch.from_numpy(x)
+        both = accounting._local.shared.current
+        del b  # c still holds the memory
+        after = accounting._local.shared.current
+    assert both - m.start_bytes == MiB and after - m.start_bytes == MiB
+    assert m.delta_bytes == MiB
+    del c
+
+
+def test_sparse_tensors_count_their_indices_and_values():
+    e = torch.eye(512)
+    with memory.measure("cpu") as m:
+        s = e.to_sparse()
+    assert m.delta_bytes == s._indices().nbytes + s._values().nbytes == 10240
+    with memory.measure("cpu") as m:
+        del s
+    assert m.delta_bytes == -10240
+    csr = e.to_sparse_csr()  # before the count: found by the scan that starts it
+    with memory.measure("cpu") as m:
+        del csr
+    assert m.delta_bytes < -8192  # its parts (the column indices are a view of a larger one)
+
+
+def test_frombuffer_and_raw_storages_count_like_from_numpy():
+    import numpy as np
+
+    buf = bytearray(MiB)
+    with memory.measure("cpu") as m:
+        f = torch.frombuffer(buf, dtype=torch.uint8)
+        u = torch.UntypedStorage(MiB)
+        n = torch.from_numpy(np.zeros(MiB, dtype=np.uint8))
+    assert m.delta_bytes == 3 * MiB, m
+    with memory.measure("cpu") as m:
+        del f, u, n
+    assert m.delta_bytes == -3 * MiB

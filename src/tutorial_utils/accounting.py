@@ -224,7 +224,7 @@ class _StorageRef(weakref.ref):
     a big notebook).
     """
 
-    __slots__ = ("key", "nbytes")
+    __slots__ = ("key", "nbytes", "owner")
 
 
 def _patch_storage_resize() -> None:
@@ -244,6 +244,71 @@ def _patch_storage_resize() -> None:
 
     resize_._tutorial_utils = True
     storage.resize_ = resize_
+    _patch_operatorless_constructors()
+
+
+def _book_here(made) -> None:
+    """Book ``made`` (a tensor or a storage) in the accountants this thread has entered."""
+    me = _thread.get_ident()
+    for acc in list(_active):
+        if acc.cpu and acc.thread_ident == me and not acc.retiring:
+            acc.book_storages(_storages_of(made) if isinstance(made, torch.Tensor) else [made])
+
+
+def _patch_operatorless_constructors() -> None:
+    """Book what ``torch.frombuffer``, ``torch.from_dlpack`` and ``torch.UntypedStorage(n)``
+    make: they create memory-holding objects without an operator the dispatcher sees, where
+    ``torch.from_numpy`` goes through one (``detach``). Installed once; a pass-through when
+    nothing counts. (Code that took ``frombuffer`` into its own namespace before the first
+    count keeps the unpatched function: such tensors count from the next count that starts.)"""
+    if getattr(torch.frombuffer, "_tutorial_utils", False):
+        return
+
+    def counted(original):
+        def wrapper(*args, **kwargs):
+            made = original(*args, **kwargs)
+            if _active:
+                _book_here(made)
+            return made
+
+        wrapper._tutorial_utils = True
+        wrapper.__doc__ = original.__doc__
+        return wrapper
+
+    torch.frombuffer = counted(torch.frombuffer)
+    torch._C._from_dlpack = counted(torch._C._from_dlpack)
+    storage = torch.UntypedStorage
+    original_new = storage.__new__
+
+    def __new__(cls, *args, **kwargs):
+        made = original_new(cls, *args, **kwargs)
+        if _active and made.device.type == "cpu":
+            _book_here(made)
+        return made
+
+    storage.__new__ = __new__
+
+
+def _storages_of(t: torch.Tensor) -> list:
+    """The storages that hold ``t``'s memory: its own, or a sparse tensor's index and value
+    tensors' (a sparse tensor has no storage of its own). Empty where there is none to see."""
+    try:
+        return [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass
+    layout = t.layout
+    try:
+        if layout == torch.sparse_coo:
+            parts = [t._indices(), t._values()]
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = [t.crow_indices(), t.col_indices(), t.values()]
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = [t.ccol_indices(), t.row_indices(), t.values()]
+        else:  # nested, and tensor subclasses without storage
+            return []
+        return [p.untyped_storage() for p in parts]
+    except (RuntimeError, NotImplementedError, TypeError):
+        return []
 
 
 class _Accountant(TorchDispatchMode):
@@ -267,6 +332,11 @@ class _Accountant(TorchDispatchMode):
         self.cpu = storage_device == "cpu"
         self.lock = threading.RLock()  # RLock: a weakref callback can fire while we book
         self.live: dict[int, _StorageRef] = {}  # storage address -> its weak reference
+        # Storages whose memory lies inside a booked one (``from_numpy(a.numpy())``, ``as_tensor``
+        # of the same array, ``from_dlpack``): counted 0, each linked to the storage that holds
+        # it (``ref.owner``), counted on its own if that one dies first.
+        self.aliases: dict[int, _StorageRef] = {}
+        self.thread_ident = 0  # the thread that entered it (whose operators it books)
         self.current = 0
         self.peak = 0  # running peak since the last window opened or reset
         self.windows: list[_Window] = []
@@ -279,6 +349,7 @@ class _Accountant(TorchDispatchMode):
         self.owner_name = ""  # the name of the thread that pushed it, for messages
 
     def __enter__(self):
+        self.thread_ident = _thread.get_ident()
         _active.add(self)
         _patch_storage_resize()
         return super().__enter__()
@@ -306,31 +377,112 @@ class _Accountant(TorchDispatchMode):
             if self.live.get(ref.key) is ref:
                 del self.live[ref.key]
                 self.current -= ref.nbytes
+                if self.aliases:
+                    self._promote(ref.key)
+
+    def _on_alias_free(self, ref: _StorageRef) -> None:
+        with self.lock:
+            if self.aliases.get(ref.key) is ref:
+                del self.aliases[ref.key]
+
+    def _container(self, s: torch.UntypedStorage, key: int) -> int | None:
+        """The key of a booked storage whose memory holds all of ``s``'s, else None.
+
+        Two storages share memory only where one wraps memory it did not allocate (NumPy's,
+        a buffer's, another storage's through ``.numpy()`` or DLPack), and such a storage
+        cannot be resized: only those are looked up, so operators' fresh outputs cost nothing.
+        """
+        n = s.nbytes()
+        start = s.data_ptr()
+        if n == 0 or start == 0 or s.resizable():
+            return None
+        end = start + n
+        for k, ref in list(self.live.items()):
+            if k == key or ref.nbytes < n:
+                continue
+            other = ref()
+            if other is None:
+                continue
+            begin = other.data_ptr()
+            if begin <= start and end <= begin + ref.nbytes:
+                return k
+        return None
+
+    def _alias(self, key: int, s: torch.UntypedStorage, owner: int) -> None:
+        ref = self.aliases[key] = _StorageRef(s, self._on_alias_free)
+        ref.key, ref.nbytes, ref.owner = key, s.nbytes(), owner
+
+    def _promote(self, owner: int) -> None:
+        """The storage ``owner`` died: its aliases still hold their memory (NumPy keeps it)."""
+        for key, ref in list(self.aliases.items()):
+            if getattr(ref, "owner", None) != owner:
+                continue
+            del self.aliases[key]
+            s = ref()
+            if s is None:
+                continue
+            holder = self._container(s, key)
+            if holder is not None:
+                self._alias(key, s, holder)
+                continue
+            new = self.live[key] = _StorageRef(s, self._on_free)
+            new.key, new.nbytes = key, s.nbytes()
+            self.current += new.nbytes
+            self.peak = max(self.peak, self.current)
 
     def _new_bytes(self, tensors: Sequence) -> tuple[int, list]:
         """Bytes of storages in ``tensors`` not booked yet (or grown), and what to book."""
-        added, todo = 0, []
+        storages = []
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
-            try:
-                s = t.untyped_storage()
-            except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
-                continue
-            if type(t) in _PLAIN and self.storage_device == "cpu":  # fast path: no device object
-                if not t.is_cpu:
-                    continue
-            elif s.device.type != self.storage_device:  # fake tensors keep meta storages
+            if type(t) in _PLAIN and self.storage_device == "cpu" and not t.is_cpu:
+                continue  # fast path: no device object
+            storages.extend(_storages_of(t))
+        return self._new_storage_bytes(storages)
+
+    def _new_storage_bytes(self, storages: Sequence) -> tuple[int, list]:
+        added, todo, seen = 0, [], set()
+        for s in storages:
+            if s.device.type != self.storage_device:  # fake tensors keep meta storages
                 continue
             key, nbytes = s._cdata, s.nbytes()
+            if key in seen or key in self.aliases:
+                continue
+            seen.add(key)
             entry = self.live.get(key)
             if entry is None:
+                holder = self._container(s, key)
+                if holder is not None:
+                    todo.append((key, s, -1 - holder))  # an alias: counted 0
+                    continue
                 added += nbytes
                 todo.append((key, s, nbytes))
             elif entry.nbytes != nbytes:  # resized in place
                 added += nbytes - entry.nbytes
                 todo.append((key, None, nbytes))
         return added, todo
+
+    def book_storages(self, storages: Sequence) -> None:
+        """Book storages made without an operator (``torch.UntypedStorage(n)``, ``frombuffer``)."""
+        with self.lock:
+            added, todo = self._new_storage_bytes(storages)
+            if self.limited and added:
+                self._check_budget(added, "a storage made without an operator")
+            self._apply(todo, added, 0)
+
+    def _apply(self, todo: list, added: int, transient: int) -> None:
+        live, on_free = self.live, self._on_free
+        for key, s, nbytes in todo:
+            if s is None:
+                live[key].nbytes = nbytes
+            elif nbytes < 0:
+                self._alias(key, s, -1 - nbytes)
+            else:
+                ref = live[key] = _StorageRef(s, on_free)
+                ref.key, ref.nbytes = key, nbytes
+        self.current += added
+        self.peak = max(self.peak, self.current + transient)
 
     def book(self, tensors: Sequence, transient: int = 0, what: object = "a tensor") -> None:
         """Count the storages of ``tensors``; ``transient`` bytes exist only during this op.
@@ -343,15 +495,7 @@ class _Accountant(TorchDispatchMode):
                 return
             if self.limited:
                 self._check_budget(added + transient, what)
-            live, on_free = self.live, self._on_free
-            for key, s, nbytes in todo:
-                if s is None:
-                    live[key].nbytes = nbytes
-                else:
-                    ref = live[key] = _StorageRef(s, on_free)
-                    ref.key, ref.nbytes = key, nbytes
-            self.current += added
-            self.peak = max(self.peak, self.current + transient)
+            self._apply(todo, added, transient)
 
     def _book_one(self, t: torch.Tensor) -> None:
         """``book([t])`` for one plain tensor, no transient bytes and no budget (a CPU op's
@@ -360,12 +504,20 @@ class _Accountant(TorchDispatchMode):
             return
         try:
             s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):  # sparse, ...
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse: its parts
+            self.book([t])
             return
         key, nbytes = s._cdata, s.nbytes()
         with self.lock:
             entry = self.live.get(key)
             if entry is None:
+                if key in self.aliases:
+                    return
+                if not s.resizable():  # it may wrap memory already booked (see _container)
+                    holder = self._container(s, key)
+                    if holder is not None:
+                        self._alias(key, s, holder)
+                        return
                 ref = self.live[key] = _StorageRef(s, self._on_free)
                 ref.key, ref.nbytes = key, nbytes
                 self.current += nbytes
@@ -464,6 +616,8 @@ class _Accountant(TorchDispatchMode):
         # That pass is most of the cost of starting the count (it grows with every object of
         # the session, tensor or not), and each class asked for slows it a little.
         found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+        storages = [o for o in found if type(o) is torch.UntypedStorage]  # made by hand
+        found = [o for o in found if type(o) is not torch.UntypedStorage]
         # A gradient that autograd created in C++ has no Python object until someone reads
         # ``.grad``, so the scan above cannot see it: reach it through its parameter.
         grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
@@ -475,6 +629,12 @@ class _Accountant(TorchDispatchMode):
         gc.disable()
         try:
             self._book_found(found + grads, cpu)
+            if storages:  # those a tensor uses are booked already; the others count too
+                with self.lock:
+                    mine = [t for t in storages if t.device.type == self.storage_device]
+                    added, todo = self._new_storage_bytes(mine)
+                    self._apply(todo, added, 0)
+                    self.peak = self.current
         finally:
             if collecting:
                 gc.enable()
@@ -482,10 +642,12 @@ class _Accountant(TorchDispatchMode):
     def _book_found(self, tensors: list, cpu: bool) -> None:
         with self.lock:
             live, on_free, added = self.live, self._on_free, 0
+            wrapping = []  # storages that may wrap memory another one holds (see _container)
             for t in tensors:
                 try:
                     s = t.untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
+                    wrapping.extend(_storages_of(t))
                     continue
                 if cpu and type(t) in _PLAIN:  # fast path: no device object
                     if not t.is_cpu:
@@ -495,16 +657,25 @@ class _Accountant(TorchDispatchMode):
                 key = s._cdata
                 if key in live:  # a view of a storage booked already
                     continue
+                if not s.resizable():
+                    wrapping.append(s)
+                    continue
                 ref = live[key] = _StorageRef(s, on_free)
                 ref.key = key
                 ref.nbytes = nbytes = s.nbytes()
                 added += nbytes
             self.current += added
+            # Largest first, so that a storage and what wraps it (same memory) keep the first.
+            wrapping.sort(key=lambda s: s.nbytes(), reverse=True)
+            for s in wrapping:  # one at a time: each may wrap the memory of one booked before
+                added, todo = self._new_storage_bytes([s])
+                self._apply(todo, added, 0)
             self.peak = self.current
 
     def clear(self) -> None:
         with self.lock:
             self.live.clear()  # dropping the weak references also drops their callbacks
+            self.aliases.clear()
 
 
 def _storage_kinds() -> set[type]:
@@ -527,7 +698,7 @@ def _storage_kinds() -> set[type]:
         k
         for k in kinds
         if k in (torch.Tensor, nn.Parameter) or not k.__module__.startswith("torch.")
-    }
+    } | {torch.UntypedStorage}
 
 
 # One running CPU accountant per thread (dispatch modes are thread-local): measure, budget and
@@ -983,6 +1154,15 @@ def measure(device: str | torch.device | None = None) -> Iterator[Measurement]:
 
     CUDA: the caching allocator's counters (peak reset at entry, reserved memory reported too).
     CPU: exact accounting of live tensor storages (never RSS). Blocks nest.
+
+    On the CPU, each byte of memory counts once: storages that share memory
+    (``torch.from_numpy(a.numpy())``, ``torch.as_tensor`` of the same array, ``from_dlpack``)
+    count as the one that holds it; a sparse tensor counts its index and value tensors;
+    ``torch.frombuffer``, ``torch.from_dlpack``, ``torch.from_numpy`` and a raw
+    ``torch.UntypedStorage(n)`` count like any tensor (their memory was not allocated by an
+    operator, but it is held by a storage). Not counted: scratch inside an operator (see
+    ``memory.breakdown``), memory ``torch.compile`` allocates below the dispatcher, and the
+    operators of other threads.
 
     >>> with measure("cpu") as m:
     ...     y = torch.ones(1024, 256) * 2     # 1 MiB kept, 1 MiB temporary
