@@ -347,7 +347,9 @@ def test_budget_rejects_an_unreadable_size():
 
 
 def test_breakdown_of_the_facts_example_is_exact():
-    b = memory.breakdown(mlp_160(), torch.randn(256, 1024), optimizer=torch.optim.Adam)
+    # facts.md measured loss = model(x).sum(); loss.backward(): the output freed before backward
+    x = torch.randn(256, 1024)
+    b = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam, keep_output=False)
     assert b.parameters == MLP_160_PARAMS
     assert b.gradients == MLP_160_PARAMS
     assert b.optimizer_state == 2 * MLP_160_PARAMS + 4 * 4  # exp_avg, exp_avg_sq, 4 float32 steps
@@ -356,6 +358,58 @@ def test_breakdown_of_the_facts_example_is_exact():
     assert b.peak_phase == "optimizer step"
     # facts.md: 160.09 MiB for parameters + the step; our peak also counts the 1 MiB input
     assert round((b.peak - b.inputs) / MiB, 2) == 160.09
+    assert "output freed before backward" in repr(b)
+    # a training loop keeps its out = model(x) (256 x 1024 floats, 1 MiB) through the step
+    loop = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam)
+    assert loop.peak - b.peak == 1 * MiB + 4 and "as in a training loop" in repr(loop)  # + the loss
+
+
+def test_breakdown_measures_the_loop_a_learner_writes():
+    # issue 25 §7: a tied-embedding LM trained on out.float().sum() saves nothing of its big
+    # output for backward; in out = model(x); loss = loss_fn(out); loss.backward() the output
+    # stays alive anyway, and breakdown dropped it (a peak 34% below the allocator's).
+    from torch.profiler import ProfilerActivity, profile
+
+    def make():
+        return models.TiedLM(vocab=5000, d_model=128, mixer="transformer")
+
+    x = torch.randint(0, 5000, (8, 64), generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(out):
+        return out.float().sum()
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters())
+    before = sum(p.nbytes for p in model.parameters()) + x.nbytes
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = model(x)  # the loop people write
+        loss = loss_fn(out)
+        loss.backward()
+        opt.step()
+    del out, loss
+    running = peak = 0
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch._C._autograd.DeviceType.CPU
+    )
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    truth = before + peak
+    real = memory.breakdown(make(), x, loss_fn=loss_fn, optimizer=torch.optim.SGD)
+    est = memory.estimate(
+        make, memory.spec((8, 64), torch.long), loss_fn=loss_fn, optimizer=torch.optim.SGD
+    )
+    assert abs(real.peak - truth) <= 0.01 * truth, (real.peak, truth)
+    assert abs(est.peak - truth) <= 0.03 * truth or est.unseen_scratch, (est.peak, truth)
+    freed = memory.breakdown(
+        make(), x, loss_fn=loss_fn, optimizer=torch.optim.SGD, keep_output=False
+    )
+    assert freed.peak < 0.75 * real.peak  # what breakdown used to say
+    assert "as in a training loop" in repr(real) and "freed before backward" in repr(freed)
+    with pytest.raises(TypeError, match="keep_output must be True"):
+        memory.breakdown(make(), x, keep_output="yes")
 
 
 def test_breakdown_counts_tied_weights_once():

@@ -392,9 +392,10 @@ class _Accountant(TorchDispatchMode):
         a buffer's, another storage's through ``.numpy()`` or DLPack), and such a storage
         cannot be resized: only those are looked up, so operators' fresh outputs cost nothing.
         """
-        n = s.nbytes()
-        start = s.data_ptr()
-        if n == 0 or start == 0 or s.resizable():
+        if not self.cpu or s.resizable():  # (fake tensors' meta storages have no memory)
+            return None
+        n, start = s.nbytes(), s.data_ptr()
+        if n == 0 or start == 0:
             return None
         end = start + n
         for k, ref in list(self.live.items()):

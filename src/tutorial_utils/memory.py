@@ -64,6 +64,7 @@ from __future__ import annotations
 
 from .accounting import Measurement, Tracker, budget, measure
 from .anatomy import (
+    PROTOCOLS,
     EstimateError,
     MemoryBreakdown,
     ModuleMemory,
@@ -74,6 +75,7 @@ from .anatomy import (
 )
 
 __all__ = [
+    "PROTOCOLS",
     "EstimateError",
     "Measurement",
     "MemoryBreakdown",
