@@ -20,6 +20,24 @@ training step (overhead ratio) and ``estimate()`` of a 7B transformer.
     python benchmarks/memory_accuracy.py --wide --skip-timings   # 22 families x 2 batches x
                                                    # fp32/bf16 autocast x SGD/AdamW
     python benchmarks/memory_accuracy.py --timings-only   # the costs alone (about 2 minutes)
+    python benchmarks/memory_accuracy.py --bf16 --skip-timings   # bf16 weights and autocast;
+    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/memory_accuracy.py --bf16 --skip-timings
+                                                   # the same without native bf16 (see below)
+
+The "truth" step is the loop people write: ``out = model(x); loss = loss_fn(out);
+loss.backward(); opt.step()``, with ``out`` alive until the step ends (what ``breakdown`` and
+``estimate`` model by default).
+
+bf16 on the CPU takes one of two paths. A CPU with native bf16 (AVX512-BF16, AMX) runs bf16
+matrix products in oneDNN, which allocates scratch inside the operator: breakdown (the
+allocator) sees it, the estimate flags it (``unseen_scratch``). Without native bf16 they run in
+PyTorch's own kernels, and the estimate is exact. ``ONEDNN_MAX_CPU_ISA=AVX2`` (read once, when
+oneDNN starts) gives the second path on a CPU of the first kind. What it cannot emulate: a CPU
+without native bf16 cannot be made to take the first path; ATen's own vectorized kernels
+(elementwise ops, reductions, casts) still use the CPU's full instruction set (their choice is
+``ATEN_CPU_CAPABILITY``, not this variable); and oneDNN's convolutions, RNNs and fp32 products
+also drop to AVX2 kernels, whose scratch can differ from a real AVX2 machine's only where the
+kernel choice depends on more than the instruction set (cache sizes, core count).
 """
 
 from __future__ import annotations
@@ -44,7 +62,16 @@ OPTIMIZERS = {
     "AdamW": torch.optim.AdamW,
 }
 
-# name -> (model factory, batch factory(batch size))
+
+def _sum(out: torch.Tensor) -> torch.Tensor:
+    return out.sum()
+
+
+def _float_sum(out: torch.Tensor) -> torch.Tensor:  # a loss that saves nothing of the output
+    return out.float().sum()
+
+
+# name -> (model factory, batch factory(batch size)[, loss function of the output])
 MODELS = {
     "MLP": (lambda: models.MLP(d_in=512, d_hidden=1024), lambda b: models.mlp_batch(b, d_in=512)),
     "ConvNet(BN)": (models.ConvNet, lambda b: models.image_batch(b, size=16)),
@@ -55,6 +82,13 @@ MODELS = {
         lambda b: models.token_batch(b, seq=16, vocab=50_000),
     ),
     "TiedLM": (models.TiedLM, lambda b: models.token_batch(b, seq=16, vocab=2000)),
+    # issue 25 §7: a big output that nothing saves for backward (the loss reads a float copy):
+    # only a step that keeps out = model(x) alive, as a training loop does, sees its peak
+    "TiedLM(out.float().sum())": (
+        lambda: models.TiedLM(vocab=5000, d_model=128, mixer="transformer"),
+        lambda b: models.token_batch(b, seq=64, vocab=5000),
+        _float_sum,
+    ),
 }
 # The example of facts.md, for the overhead on a step that takes tens of milliseconds.
 FACTS_MLP = (
@@ -63,11 +97,14 @@ FACTS_MLP = (
 )
 
 
-def _step(model: nn.Module, x: torch.Tensor, opt) -> None:
-    loss = model(x).sum()
+def _step(model: nn.Module, x: torch.Tensor, opt, loss_fn=_sum) -> None:
+    """One step as a training loop writes it: ``out`` stays alive through backward and step."""
+    out = model(x)
+    loss = loss_fn(out)
     loss.backward()
     if opt is not None:
         opt.step()
+    del out, loss
 
 
 @contextlib.contextmanager
@@ -86,7 +123,7 @@ def _quiet_fd(fd: int):
         os.close(devnull)
 
 
-def profiler_peak(model: nn.Module, x: torch.Tensor, optimizer=None) -> int:
+def profiler_peak(model: nn.Module, x: torch.Tensor, optimizer=None, loss_fn=_sum) -> int:
     """Peak bytes of one step from the profiler's allocation events (plus what existed before)."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
@@ -101,7 +138,7 @@ def profiler_peak(model: nn.Module, x: torch.Tensor, optimizer=None) -> int:
     opt = optimizer(model.parameters()) if optimizer is not None else None
     with _quiet_fd(1), _quiet_fd(2):  # the profiler's C++ side prints start/stop lines
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            _step(model, x, opt)
+            _step(model, x, opt, loss_fn)
     events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         node = stack.pop()
@@ -125,6 +162,7 @@ class Row:
     estimate: int
     autocast: bool = False
     unseen: tuple[str, ...] = ()  # operators the estimate flags as having scratch it cannot see
+    precision: str = "fp32"  # "fp32", "bf16 autocast" or "bf16" (bf16 weights and inputs)
 
     @property
     def est_err(self) -> float:
@@ -140,22 +178,69 @@ class Row:
         return abs(self.bd_err) <= 0.01 and (abs(self.est_err) <= 0.03 or bool(self.unseen))
 
 
-def compare(name: str, batch: int, opt_name: str, autocast: bool = False) -> Row:
-    make_model, make_batch = WIDE_MODELS[name]
+PRECISIONS = ("fp32", "bf16 autocast", "bf16")
+
+
+def compare(
+    name: str, batch: int, opt_name: str, autocast: bool = False, precision: str | None = None
+) -> Row:
+    """The three figures for one case. ``precision``: "fp32", "bf16 autocast" (CPU autocast)
+    or "bf16" (the model's floating-point weights and float inputs cast to bf16)."""
+    make_model, make_batch, *rest = WIDE_MODELS[name]
+    loss_fn = rest[0] if rest else _sum
     optimizer = OPTIMIZERS[opt_name]
+    precision = precision or ("bf16 autocast" if autocast else "fp32")
 
     def amp():  # a fresh autocast region for each figure: its cast cache lives as long as it
-        return torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
+        if precision == "bf16 autocast":
+            return torch.autocast("cpu", torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def model():
+        m = make_model()
+        return m.to(torch.bfloat16) if precision == "bf16" else m
+
+    def batch_of(b):
+        x = make_batch(b)
+        return x.to(torch.bfloat16) if precision == "bf16" and x.is_floating_point() else x
 
     with amp():
         torch.manual_seed(0)
-        prof = profiler_peak(make_model(), make_batch(batch), optimizer)
+        prof = profiler_peak(model(), batch_of(batch), optimizer, loss_fn)
     with amp():
         torch.manual_seed(0)
-        real = memory.breakdown(make_model(), make_batch(batch), optimizer=optimizer).peak
+        real = memory.breakdown(model(), batch_of(batch), optimizer=optimizer, loss_fn=loss_fn)
     with amp():
-        est = memory.estimate(make_model, make_batch(batch), optimizer=optimizer, device="cpu")
-    return Row(name, batch, opt_name, prof, real, est.peak, autocast, est.unseen_scratch)
+        est = memory.estimate(
+            model, batch_of(batch), optimizer=optimizer, device="cpu", loss_fn=loss_fn
+        )
+    return Row(
+        name,
+        batch,
+        opt_name,
+        prof,
+        real.peak,
+        est.peak,
+        precision == "bf16 autocast",
+        est.unseen_scratch,
+        precision,
+    )
+
+
+def cpu_bf16_path() -> str:
+    """One line: which path this CPU's bf16 matrix products take (what the bf16 rows depend on)."""
+    from tutorial_utils import anatomy
+
+    native = torch.bfloat16 in anatomy.onednn_matmul_dtypes()
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "(not set)")
+    return (
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, ONEDNN_MAX_CPU_ISA={isa}: "
+        + (
+            "bf16 matmuls run in oneDNN on native bf16 units (scratch the estimate flags)"
+            if native
+            else "bf16 matmuls run in PyTorch's own kernels (no native bf16 path)"
+        )
+    )
 
 
 def per_op_overhead(n: int = 20_000, repeats: int = 5) -> tuple[float, float]:
@@ -220,7 +305,7 @@ def overhead_ratio(
     ``Tracker`` is already running (as when the live gauge is on), so only the per-operator
     bookkeeping is left.
     """
-    make_model, make_batch = MODELS[name] if name in MODELS else FACTS_MLP
+    make_model, make_batch, *_ = MODELS[name] if name in MODELS else FACTS_MLP
     model, x = make_model(), make_batch(batch)
     opt = torch.optim.Adam(model.parameters())
 
@@ -503,6 +588,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="every family (22 models) x batch 2, 32 x fp32 / bf16 autocast x SGD, AdamW",
     )
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="the quick models in bf16 weights and in bf16 autocast (run it with and without "
+        "ONEDNN_MAX_CPU_ISA=AVX2 on a CPU with native bf16)",
+    )
     parser.add_argument("--skip-7b", action="store_true")
     parser.add_argument("--skip-timings", action="store_true")
     parser.add_argument(
@@ -519,36 +610,45 @@ def main(argv=None) -> int:
         batches = [1, 8, 32, 64] if args.full else [1, 64]
     if args.wide:
         plan = [
-            (name, b, opt, amp)
+            (name, b, opt, precision)
             for name in WIDE_MODELS
             for b in (args.batches or [2, 32])
-            for amp in (False, True)
+            for precision in ("fp32", "bf16 autocast")
+            for opt in ("SGD", "AdamW")
+        ]
+    elif args.bf16:
+        plan = [
+            (name, b, opt, precision)
+            for name in MODELS
+            for b in (args.batches or [2, 32])
+            for precision in ("bf16", "bf16 autocast")
             for opt in ("SGD", "AdamW")
         ]
     else:
         plan = [
-            (name, b, opt, False)
+            (name, b, opt, "fp32")
             for name in MODELS
             for b in batches
             for opt in (
                 OPTIMIZERS if args.full else (["none", "AdamW"] if b == 1 else ["SGD", "Adam"])
             )
         ]
+    print(cpu_bf16_path())
     print(
-        f"{'model':<25}{'batch':>6} {'amp':<5}{'optim':<6}{'truth':>14}{'breakdown':>14}"
+        f"{'model':<27}{'batch':>6} {'precision':<14}{'optim':<6}{'truth':>14}{'breakdown':>14}"
         f"{'estimate':>14}{'bd err':>9}{'est err':>9}  flagged by estimate"
     )
     rows = []
-    for name, b, opt, amp in plan:
+    for name, b, opt, precision in plan:
         try:
-            row = compare(name, b, opt, amp)
+            row = compare(name, b, opt, precision=precision)
         except Exception as exc:  # a case that cannot run is a line in the table, not a crash
-            print(f"{name:<25}{b:>6} {'bf16' if amp else 'fp32':<5}{opt:<6}  failed: {exc}")
+            print(f"{name:<27}{b:>6} {precision:<14}{opt:<6}  failed: {exc}")
             continue
         rows.append(row)
         flag = "" if row.ok else "  <-- off target"
         print(
-            f"{name:<25}{b:>6} {'bf16' if amp else 'fp32':<5}{opt:<6}"
+            f"{name:<27}{b:>6} {precision:<14}{opt:<6}"
             f"{row.profiler / 2**20:>10.3f} MiB{row.breakdown / 2**20:>10.3f} MiB"
             f"{row.estimate / 2**20:>10.3f} MiB{row.bd_err:>+9.2%}{row.est_err:>+9.2%}"
             f"  {', '.join(row.unseen) or '-'}{flag}",

@@ -18,9 +18,18 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from hypothesis import settings as _hypothesis_settings
 
 GiB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
+
+# Hypothesis runs derandomized and without an example database: the same test gives the same
+# result on every run and every machine (a failure found once is not replayed from .hypothesis/
+# on one machine only). HYPOTHESIS_PROFILE=explore searches with fresh random examples instead,
+# for a maintainer looking for new failures by hand.
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+_hypothesis_settings.register_profile("explore", derandomize=False, database=None)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -158,6 +158,78 @@ def test_forgotten_gauge_ends_its_thread():
     assert not thread.is_alive()
 
 
+# ---- the CPU tracker's dispatch mode comes off the notebook's thread (issue 25 §4)
+
+
+def _depth() -> int:
+    import torch
+
+    return torch._C._len_torch_dispatch_stack()
+
+
+def _settle() -> None:
+    for _ in range(1000):  # a few bytecodes: where the main thread takes a retired mode off
+        pass
+
+
+class SlowRead(Source):
+    """Reads at once the first time (start's sample), then blocks until released."""
+
+    name = "slow"
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def read(self):
+        self.reads += 1
+        if self.reads > 1:
+            self.reading.set()
+            self.release.wait(5)
+        return [Reading("slow", used_bytes=1)]
+
+
+def test_a_gauge_deleted_while_a_source_is_mid_read_takes_the_tracker_off():
+    assert threading.current_thread() is threading.main_thread()
+    slow = SlowRead()
+    gauge = LiveGauge(sources=["torch", slow], period_s=0.02).start()
+    assert _depth() == 1
+    assert slow.reading.wait(5)
+    thread = gauge._thread
+    del gauge  # the sampling thread holds the last reference: its finalizer runs there
+    gc.collect()
+    slow.release.set()
+    thread.join(5)
+    _settle()
+    assert not thread.is_alive() and _depth() == 0
+
+
+def test_stop_from_another_thread_takes_the_tracker_off_the_notebooks_thread():
+    gauge = LiveGauge(sources=["torch"], period_s=0.02).start()
+    assert _depth() == 1
+    stopper = threading.Thread(target=gauge.stop)
+    stopper.start()
+    stopper.join(10)
+    _settle()
+    assert not gauge.running and _depth() == 0
+
+
+class Interrupted(Source):
+    name = "interrupted"
+
+    def read(self):
+        raise KeyboardInterrupt  # Ctrl-C while start() takes its first sample
+
+
+def test_keyboard_interrupt_during_start_leaves_nothing_on():
+    source = Interrupted()
+    gauge = LiveGauge(sources=["torch", source], period_s=0.02)
+    with pytest.raises(KeyboardInterrupt):
+        gauge.start()
+    assert _depth() == 0 and not gauge.running and gauge_threads() == []
+
+
 def test_kernel_exit_hook_stops_running_gauges():
     gauge = LiveGauge(sources=[Counter()], period_s=0.02).start()
     gauges._stop_all()  # what atexit runs when the kernel shuts down

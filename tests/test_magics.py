@@ -76,3 +76,28 @@ def test_format_measurement_reads_a_measurement():
         keep = __import__("torch").empty(256, 1024)
     assert magics.format_measurement(m) == "peak +1.00 MiB, delta +1.00 MiB (cpu, exact)"
     del keep
+
+
+# --- issue 25 §8: one line, not a traceback ---------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cuda", "meta", "gpu0"])
+def test_a_device_this_machine_cannot_measure_is_one_line(shell, capsys, device):
+    from IPython.core.error import UsageError
+
+    result = shell.run_cell(f"%%peak {device}\nran = True\n")
+    out = capsys.readouterr()
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert "Traceback" not in out.out + out.err
+    assert str(result.error_in_exec).startswith(f"%%peak {device}: ")
+    assert "\n" not in str(result.error_in_exec)
+    assert "ran" not in shell.user_ns  # refused before the cell ran
+
+
+def test_a_top_level_await_says_what_to_do(shell, capsys):
+    from IPython.core.error import UsageError
+
+    result = shell.run_cell("%%peak\nimport asyncio\nawait asyncio.sleep(0)\n")
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    assert "top-level await" in str(result.error_in_exec)
+    assert not isinstance(result.error_in_exec, SyntaxError)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from tutorial_utils import accounting, devices, memory, models
+from tutorial_utils import accounting, anatomy, devices, memory, models
 
 MiB = 2**20
 
@@ -173,20 +176,114 @@ def test_tracker_misuse_is_one_sentence():
     try:
         with pytest.raises(RuntimeError, match="already running"):
             tracker.start()
-        errors = []
-        t = threading.Thread(target=lambda: errors.append(_catch(tracker.stop)))
-        t.start()
-        t.join()
-        assert "from the thread that started it" in str(errors[0])
     finally:
         tracker.stop()
 
 
-def _catch(fn):
-    try:
-        fn()
-    except RuntimeError as exc:
-        return exc
+# --- the accountant comes off the thread that put it on, whoever ends the count (issue 25 §4)
+
+stack_depth = torch._C._len_torch_dispatch_stack
+
+
+def _settle():
+    """A few bytecodes on this (the main) thread: where a queued call to take the mode off runs."""
+    for _ in range(1000):
+        pass
+
+
+def _in_thread(fn):
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+
+
+def test_measure_in_a_generator_closed_by_another_thread_comes_off():
+    assert threading.current_thread() is threading.main_thread()
+
+    def counting():
+        with memory.measure("cpu") as m:
+            x = torch.empty(1024)  # noqa: F841
+            yield m
+
+    gen = counting()
+    m = next(gen)
+    assert stack_depth() == 1
+    _in_thread(gen.close)  # the generator's finally runs in that thread
+    _settle()
+    assert stack_depth() == 0 and not accounting._local.__dict__.get("shared")
+    assert m.done and m.delta_bytes == 4096
+    with memory.measure("cpu") as again:  # and the next count starts clean
+        y = torch.empty(256)
+    assert again.delta_bytes == 1024 and stack_depth() == 0
+    del y
+
+
+def test_tracker_stopped_from_another_thread_comes_off_this_one():
+    tracker = memory.Tracker("cpu").start()
+    x = torch.empty(1024)
+    _in_thread(tracker.stop)
+    _settle()
+    assert stack_depth() == 0 and not tracker.running
+    assert tracker.current_bytes - tracker.start_bytes == 4096
+    del x
+
+
+def test_a_tracker_stopped_elsewhere_while_this_thread_computes_still_comes_off():
+    # the queued call can land inside one of the mode's own operators (it is off the stack
+    # then): the next operator asks again
+    tracker = memory.Tracker("cpu").start()
+    x = torch.randn(8, 8)
+    stopper = threading.Thread(target=tracker.stop)
+    stopper.start()
+    for _ in range(2000):
+        x = x * 1.0
+    stopper.join(30)
+    for _ in range(10):
+        x = x + 0.0
+    _settle()
+    assert stack_depth() == 0
+
+
+def test_a_count_ended_by_another_worker_thread_warns_and_comes_off_at_its_next_count():
+    # Only the main thread can be reached between two bytecodes: a worker's mode waits for the
+    # worker's next count, and the thread that ended it is told so in one sentence.
+    started, closed, seen = threading.Event(), threading.Event(), {}
+
+    def counting():
+        with memory.measure("cpu"):
+            yield
+
+    def owner():
+        gen = counting()
+        next(gen)
+        seen["gen"] = gen
+        started.set()
+        closed.wait(30)
+        seen["before"] = stack_depth()
+        with memory.measure("cpu") as m:
+            x = torch.empty(1024)  # noqa: F841
+        seen["after"], seen["delta"] = stack_depth(), m.delta_bytes
+
+    t = threading.Thread(target=owner, name="worker-1")
+    t.start()
+    started.wait(30)
+    with pytest.warns(RuntimeWarning, match="begun in thread 'worker-1' was ended in thread"):
+        _in_thread(seen["gen"].close)
+    closed.set()
+    t.join(30)
+    assert seen == {"gen": seen["gen"], "before": 1, "after": 0, "delta": 4096}
+
+
+def test_keyboard_interrupt_while_a_count_starts_leaves_no_mode(monkeypatch):
+    def interrupted(self, limit=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accounting._Accountant, "open_window", interrupted)
+    for start in (lambda: memory.measure("cpu").__enter__(), memory.Tracker("cpu").start):
+        with pytest.raises(KeyboardInterrupt):
+            start()
+        assert stack_depth() == 0 and not accounting._local.__dict__.get("shared")
 
 
 # --- budget ---------------------------------------------------------------------------------
@@ -250,7 +347,9 @@ def test_budget_rejects_an_unreadable_size():
 
 
 def test_breakdown_of_the_facts_example_is_exact():
-    b = memory.breakdown(mlp_160(), torch.randn(256, 1024), optimizer=torch.optim.Adam)
+    # facts.md measured loss = model(x).sum(); loss.backward(): the output freed before backward
+    x = torch.randn(256, 1024)
+    b = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam, keep_output=False)
     assert b.parameters == MLP_160_PARAMS
     assert b.gradients == MLP_160_PARAMS
     assert b.optimizer_state == 2 * MLP_160_PARAMS + 4 * 4  # exp_avg, exp_avg_sq, 4 float32 steps
@@ -259,6 +358,58 @@ def test_breakdown_of_the_facts_example_is_exact():
     assert b.peak_phase == "optimizer step"
     # facts.md: 160.09 MiB for parameters + the step; our peak also counts the 1 MiB input
     assert round((b.peak - b.inputs) / MiB, 2) == 160.09
+    assert "output freed before backward" in repr(b)
+    # a training loop keeps its out = model(x) (256 x 1024 floats, 1 MiB) through the step
+    loop = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam)
+    assert loop.peak - b.peak == 1 * MiB + 4 and "as in a training loop" in repr(loop)  # + the loss
+
+
+def test_breakdown_measures_the_loop_a_learner_writes():
+    # issue 25 §7: a tied-embedding LM trained on out.float().sum() saves nothing of its big
+    # output for backward; in out = model(x); loss = loss_fn(out); loss.backward() the output
+    # stays alive anyway, and breakdown dropped it (a peak 34% below the allocator's).
+    from torch.profiler import ProfilerActivity, profile
+
+    def make():
+        return models.TiedLM(vocab=5000, d_model=128, mixer="transformer")
+
+    x = torch.randint(0, 5000, (8, 64), generator=torch.Generator().manual_seed(0))
+
+    def loss_fn(out):
+        return out.float().sum()
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters())
+    before = sum(p.nbytes for p in model.parameters()) + x.nbytes
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = model(x)  # the loop people write
+        loss = loss_fn(out)
+        loss.backward()
+        opt.step()
+    del out, loss
+    running = peak = 0
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch._C._autograd.DeviceType.CPU
+    )
+    for _, nbytes in events:
+        running += nbytes
+        peak = max(peak, running)
+    truth = before + peak
+    real = memory.breakdown(make(), x, loss_fn=loss_fn, optimizer=torch.optim.SGD)
+    est = memory.estimate(
+        make, memory.spec((8, 64), torch.long), loss_fn=loss_fn, optimizer=torch.optim.SGD
+    )
+    assert abs(real.peak - truth) <= 0.01 * truth, (real.peak, truth)
+    assert abs(est.peak - truth) <= 0.03 * truth or est.unseen_scratch, (est.peak, truth)
+    freed = memory.breakdown(
+        make(), x, loss_fn=loss_fn, optimizer=torch.optim.SGD, keep_output=False
+    )
+    assert freed.peak < 0.75 * real.peak  # what breakdown used to say
+    assert "as in a training loop" in repr(real) and "freed before backward" in repr(freed)
+    with pytest.raises(TypeError, match="keep_output must be True"):
+        memory.breakdown(make(), x, keep_output="yes")
 
 
 def test_breakdown_counts_tied_weights_once():
@@ -488,8 +639,102 @@ def test_estimate_matches_breakdown_over_shapes_and_dtypes(
     est = memory.estimate(make, memory.spec((batch, d_in), dtype), optimizer=opt)
     for name in ("parameters", "gradients", "optimizer_state", "activations", "inputs"):
         assert getattr(est, name) == getattr(real, name), name
-    # the allocator also sees the few 8-byte tensors Python numbers become inside operators
-    assert abs(est.peak - real.peak) <= 0.03 * real.peak + 256
+    if est.unseen_scratch:
+        # Depends on the CPU, on purpose: one with native bf16 (AVX512-BF16, AMX) runs the bf16
+        # matrix products in oneDNN, whose scratch fake tensors cannot see; the estimate says
+        # so and is a lower bound. Elsewhere (or under ONEDNN_MAX_CPU_ISA=AVX2) no flag.
+        assert torch.bfloat16 in anatomy.onednn_matmul_dtypes() and dtype == torch.bfloat16
+        assert set(est.unseen_scratch) <= {"mm", "addmm"}
+        assert est.peak <= real.peak + 256
+    else:
+        # the allocator also sees the few 8-byte tensors Python numbers become inside operators
+        assert abs(est.peak - real.peak) <= 0.03 * real.peak + 256
+
+
+def _bf16_mlp(batch: int = 4, d_in: int = 1, d_hidden: int = 33):
+    """The case hypothesis found (issue 25): one 4 x 33 x 33 product, just above oneDNN's cut."""
+
+    def make():
+        torch.manual_seed(0)
+        return models.MLP(d_in=d_in, d_hidden=d_hidden, d_out=3, depth=3).to(torch.bfloat16)
+
+    return make, torch.randn(batch, d_in).to(torch.bfloat16)
+
+
+def _onednn_off():
+    # (flags() with its defaults also sets allow_tf32, which warns on a build without XPU)
+    return torch.backends.mkldnn.flags(enabled=False, allow_tf32=None, fp32_precision=None)
+
+
+def test_estimate_flags_onednn_bf16_matmuls_exactly_where_this_cpu_runs_them():
+    # Right on either kind of CPU: with native bf16 the flag is there and the estimate is low;
+    # without it (or under ONEDNN_MAX_CPU_ISA=AVX2) no flag, and the estimate is exact.
+    make, x = _bf16_mlp()
+    real = memory.breakdown(make(), x)
+    est = memory.estimate(make, memory.spec(tuple(x.shape), torch.bfloat16))
+    if torch.bfloat16 in anatomy.onednn_matmul_dtypes():
+        assert {"mm", "addmm"} <= set(est.unseen_scratch), est.unseen_scratch
+        assert "may be higher" in repr(est) and est.peak < real.peak
+    else:
+        assert est.unseen_scratch == () and abs(est.peak - real.peak) <= 256
+
+
+def test_without_onednn_the_bf16_estimate_is_exact_and_unflagged():
+    # torch.backends.mkldnn off: PyTorch's own bf16 kernels, no hidden scratch, on any CPU. So
+    # the gap of the test above is oneDNN's, and the flag follows the switch.
+    make, x = _bf16_mlp()
+    with _onednn_off():
+        real = memory.breakdown(make(), x)
+        est = memory.estimate(make, memory.spec(tuple(x.shape), torch.bfloat16))
+    assert est.unseen_scratch == ()
+    assert abs(est.peak - real.peak) <= 256, (est.peak, real.peak)
+
+
+def test_the_onednn_flag_follows_atens_rule(monkeypatch):
+    # As on a CPU with native bf16, whatever this one has: bf16 operands only, products larger
+    # than 16 * 16 * 16, fp32 too while oneDNN's fp32 matmul precision is bf16.
+    monkeypatch.setattr(anatomy, "_native_reduced_precision", lambda: frozenset({torch.bfloat16}))
+
+    def flagged(make, shape, dtype):
+        return memory.estimate(make, memory.spec(shape, dtype)).unseen_scratch
+
+    def linear(d_in, d_out, dtype):
+        return lambda: nn.Linear(d_in, d_out).to(dtype)
+
+    assert flagged(linear(33, 33, torch.bfloat16), (4, 33), torch.bfloat16) == ("addmm", "mm")
+    assert flagged(linear(16, 16, torch.bfloat16), (16, 16), torch.bfloat16) == ()  # 4096: not >
+    assert flagged(linear(33, 33, torch.float32), (4, 33), torch.float32) == ()
+    assert flagged(linear(33, 33, torch.float16), (4, 33), torch.float16) == ()
+    with _onednn_off():
+        assert flagged(linear(33, 33, torch.bfloat16), (4, 33), torch.bfloat16) == ()
+    monkeypatch.setattr(anatomy, "_mkldnn_fp32_precision", lambda: "bf16")
+    assert flagged(linear(33, 33, torch.float32), (4, 33), torch.float32) == ("addmm", "mm")
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast's bf16 products count too
+        monkeypatch.setattr(anatomy, "_mkldnn_fp32_precision", lambda: "ieee")
+        est = memory.estimate(linear(33, 33, torch.float32), (4, 33))
+    assert "addmm" in est.unseen_scratch
+
+
+@pytest.mark.slow
+def test_onednn_max_cpu_isa_avx2_turns_the_flag_off():
+    # ONEDNN_MAX_CPU_ISA=AVX2 is read when oneDNN starts: a fresh process. On a CPU with native
+    # bf16 it takes PyTorch's own path (no flag, exact estimate); elsewhere nothing changes.
+    code = (
+        "import torch\n"
+        "from tutorial_utils import anatomy, memory, models\n"
+        "make = lambda: models.MLP(d_in=1, d_hidden=33, d_out=3, depth=3).to(torch.bfloat16)\n"
+        "x = torch.randn(4, 1).to(torch.bfloat16)\n"
+        "real = memory.breakdown(make(), x)\n"
+        "est = memory.estimate(make, memory.spec((4, 1), torch.bfloat16))\n"
+        "print(sorted(anatomy.onednn_matmul_dtypes(), key=str), est.unseen_scratch,"
+        " abs(est.peak - real.peak) <= 256)\n"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "()", "True"], out.stdout
 
 
 @settings(max_examples=6, deadline=None)
@@ -744,3 +989,71 @@ def test_two_rooms_one_door():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr
     assert all(hasattr(memory, name) for name in memory.__all__)
+
+
+# --- memory shared or held without a storage of its own, counted once (issue 25 §5) ---------
+
+
+def test_memory_shared_through_numpy_counts_once():
+    a = torch.randn(1024, 1024)  # 4 MiB
+    with memory.measure("cpu") as m:
+        b = torch.from_numpy(a.numpy())  # a's memory
+        c = torch.as_tensor(a.numpy())  # a's memory again
+        d = b + 0  # 4 MiB of its own
+    assert b.data_ptr() == c.data_ptr() == a.data_ptr()
+    assert m.delta_bytes == 4 * MiB, m
+    del b, c, d
+
+
+def test_a_budget_counts_what_is_in_use_once_at_entry():
+    # issue 25: 'budget(a.nbytes + 1 MiB)' raised at entry, "20 MiB already in use"
+    a = torch.randn(1024, 1024)
+    b, c = torch.from_numpy(a.numpy()), torch.as_tensor(a.numpy())
+    assert stack_depth() == 0  # the count starts here, from the tensors that exist
+    with memory.budget(a.nbytes + MiB), memory.measure("cpu") as m:
+        pass
+    assert m.start_bytes < a.nbytes + MiB
+    del b, c
+
+
+def test_numpy_memory_wrapped_twice_counts_once_and_outlives_its_first_wrapper():
+    import numpy as np
+
+    x = np.zeros(2**18, dtype=np.float32)  # 1 MiB that NumPy owns
+    with memory.measure("cpu") as m:
+        b = torch.from_numpy(x)
+        c = torch.from_numpy(x)
+        both = accounting._local.shared.current
+        del b  # c still holds the memory
+        after = accounting._local.shared.current
+    assert both - m.start_bytes == MiB and after - m.start_bytes == MiB
+    assert m.delta_bytes == MiB
+    del c
+
+
+def test_sparse_tensors_count_their_indices_and_values():
+    e = torch.eye(512)
+    with memory.measure("cpu") as m:
+        s = e.to_sparse()
+    assert m.delta_bytes == s._indices().nbytes + s._values().nbytes == 10240
+    with memory.measure("cpu") as m:
+        del s
+    assert m.delta_bytes == -10240
+    csr = e.to_sparse_csr()  # before the count: found by the scan that starts it
+    with memory.measure("cpu") as m:
+        del csr
+    assert m.delta_bytes < -8192  # its parts (the column indices are a view of a larger one)
+
+
+def test_frombuffer_and_raw_storages_count_like_from_numpy():
+    import numpy as np
+
+    buf = bytearray(MiB)
+    with memory.measure("cpu") as m:
+        f = torch.frombuffer(buf, dtype=torch.uint8)
+        u = torch.UntypedStorage(MiB)
+        n = torch.from_numpy(np.zeros(MiB, dtype=np.uint8))
+    assert m.delta_bytes == 3 * MiB, m
+    with memory.measure("cpu") as m:
+        del f, u, n
+    assert m.delta_bytes == -3 * MiB

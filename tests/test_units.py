@@ -50,3 +50,28 @@ def test_spec_refuses_a_shape_that_is_not_whole_numbers(bad):
     with pytest.raises(ValueError, match="a shape is a tuple of whole numbers"):
         memory.spec(bad)
     assert memory.spec((8, 0)).shape == (8, 0)  # an empty batch is a shape too
+
+
+# --- issue 25 §8 ---------------------------------------------------------------------------
+
+
+def test_format_bytes_of_nan_text_or_infinity_is_an_answer_or_one_sentence():
+    assert format_bytes(float("nan")) == "n/a"  # unknown, as None
+    assert format_bytes(float("inf")) == "inf B" and format_bytes(-float("inf")) == "-inf B"
+    for bad in ("5", [5], True):
+        with pytest.raises(TypeError, match="format_bytes needs a number of bytes") as info:
+            format_bytes(bad)
+        assert "\n" not in str(info.value)
+    assert "parse_bytes" in str(info.value)
+
+
+@pytest.mark.parametrize("huge", ["1e308 PiB", "2e18", 1e300, "1025 PiB"])
+def test_a_size_too_large_for_any_machine_is_one_sentence(huge):
+    from tutorial_utils import memory
+
+    with pytest.raises(ValueError, match="too large a size") as info:
+        parse_bytes(huge)
+    assert "\n" not in str(info.value) and repr(huge) in str(info.value)
+    with pytest.raises(ValueError, match="too large a size"):
+        with memory.budget(huge):
+            pass

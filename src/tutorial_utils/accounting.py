@@ -16,10 +16,13 @@ docstring for what the counts can and cannot see).
 
 from __future__ import annotations
 
+import _thread
+import ctypes
 import gc
 import math
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from torch import nn
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
     _get_current_dispatch_mode,
+    _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
 )
@@ -220,7 +224,7 @@ class _StorageRef(weakref.ref):
     a big notebook).
     """
 
-    __slots__ = ("key", "nbytes")
+    __slots__ = ("key", "nbytes", "owner")
 
 
 def _patch_storage_resize() -> None:
@@ -240,6 +244,71 @@ def _patch_storage_resize() -> None:
 
     resize_._tutorial_utils = True
     storage.resize_ = resize_
+    _patch_operatorless_constructors()
+
+
+def _book_here(made) -> None:
+    """Book ``made`` (a tensor or a storage) in the accountants this thread has entered."""
+    me = _thread.get_ident()
+    for acc in list(_active):
+        if acc.cpu and acc.thread_ident == me and not acc.retiring:
+            acc.book_storages(_storages_of(made) if isinstance(made, torch.Tensor) else [made])
+
+
+def _patch_operatorless_constructors() -> None:
+    """Book what ``torch.frombuffer``, ``torch.from_dlpack`` and ``torch.UntypedStorage(n)``
+    make: they create memory-holding objects without an operator the dispatcher sees, where
+    ``torch.from_numpy`` goes through one (``detach``). Installed once; a pass-through when
+    nothing counts. (Code that took ``frombuffer`` into its own namespace before the first
+    count keeps the unpatched function: such tensors count from the next count that starts.)"""
+    if getattr(torch.frombuffer, "_tutorial_utils", False):
+        return
+
+    def counted(original):
+        def wrapper(*args, **kwargs):
+            made = original(*args, **kwargs)
+            if _active:
+                _book_here(made)
+            return made
+
+        wrapper._tutorial_utils = True
+        wrapper.__doc__ = original.__doc__
+        return wrapper
+
+    torch.frombuffer = counted(torch.frombuffer)
+    torch._C._from_dlpack = counted(torch._C._from_dlpack)
+    storage = torch.UntypedStorage
+    original_new = storage.__new__
+
+    def __new__(cls, *args, **kwargs):
+        made = original_new(cls, *args, **kwargs)
+        if _active and made.device.type == "cpu":
+            _book_here(made)
+        return made
+
+    storage.__new__ = __new__
+
+
+def _storages_of(t: torch.Tensor) -> list:
+    """The storages that hold ``t``'s memory: its own, or a sparse tensor's index and value
+    tensors' (a sparse tensor has no storage of its own). Empty where there is none to see."""
+    try:
+        return [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError, TypeError):
+        pass
+    layout = t.layout
+    try:
+        if layout == torch.sparse_coo:
+            parts = [t._indices(), t._values()]
+        elif layout in (torch.sparse_csr, torch.sparse_bsr):
+            parts = [t.crow_indices(), t.col_indices(), t.values()]
+        elif layout in (torch.sparse_csc, torch.sparse_bsc):
+            parts = [t.ccol_indices(), t.row_indices(), t.values()]
+        else:  # nested, and tensor subclasses without storage
+            return []
+        return [p.untyped_storage() for p in parts]
+    except (RuntimeError, NotImplementedError, TypeError):
+        return []
 
 
 class _Accountant(TorchDispatchMode):
@@ -263,12 +332,24 @@ class _Accountant(TorchDispatchMode):
         self.cpu = storage_device == "cpu"
         self.lock = threading.RLock()  # RLock: a weakref callback can fire while we book
         self.live: dict[int, _StorageRef] = {}  # storage address -> its weak reference
+        # Storages whose memory lies inside a booked one (``from_numpy(a.numpy())``, ``as_tensor``
+        # of the same array, ``from_dlpack``): counted 0, each linked to the storage that holds
+        # it (``ref.owner``), counted on its own if that one dies first.
+        self.aliases: dict[int, _StorageRef] = {}
+        self.thread_ident = 0  # the thread that entered it (whose operators it books)
         self.current = 0
         self.peak = 0  # running peak since the last window opened or reset
         self.windows: list[_Window] = []
         self.limited = False  # is any window a budget? (skip the checks when not)
+        # Set when the last reader left from another thread than the one whose dispatch stack
+        # holds this mode: it stops booking (a pass-through) until that thread takes it off.
+        self.retiring = False
+        self.on_main_thread = False  # pushed by the main thread (see _retire_elsewhere)
+        self.pending = False  # a call to take it off is queued on the main thread
+        self.owner_name = ""  # the name of the thread that pushed it, for messages
 
     def __enter__(self):
+        self.thread_ident = _thread.get_ident()
         _active.add(self)
         _patch_storage_resize()
         return super().__enter__()
@@ -296,31 +377,113 @@ class _Accountant(TorchDispatchMode):
             if self.live.get(ref.key) is ref:
                 del self.live[ref.key]
                 self.current -= ref.nbytes
+                if self.aliases:
+                    self._promote(ref.key)
+
+    def _on_alias_free(self, ref: _StorageRef) -> None:
+        with self.lock:
+            if self.aliases.get(ref.key) is ref:
+                del self.aliases[ref.key]
+
+    def _container(self, s: torch.UntypedStorage, key: int) -> int | None:
+        """The key of a booked storage whose memory holds all of ``s``'s, else None.
+
+        Two storages share memory only where one wraps memory it did not allocate (NumPy's,
+        a buffer's, another storage's through ``.numpy()`` or DLPack), and such a storage
+        cannot be resized: only those are looked up, so operators' fresh outputs cost nothing.
+        """
+        if not self.cpu or s.resizable():  # (fake tensors' meta storages have no memory)
+            return None
+        n, start = s.nbytes(), s.data_ptr()
+        if n == 0 or start == 0:
+            return None
+        end = start + n
+        for k, ref in list(self.live.items()):
+            if k == key or ref.nbytes < n:
+                continue
+            other = ref()
+            if other is None:
+                continue
+            begin = other.data_ptr()
+            if begin <= start and end <= begin + ref.nbytes:
+                return k
+        return None
+
+    def _alias(self, key: int, s: torch.UntypedStorage, owner: int) -> None:
+        ref = self.aliases[key] = _StorageRef(s, self._on_alias_free)
+        ref.key, ref.nbytes, ref.owner = key, s.nbytes(), owner
+
+    def _promote(self, owner: int) -> None:
+        """The storage ``owner`` died: its aliases still hold their memory (NumPy keeps it)."""
+        for key, ref in list(self.aliases.items()):
+            if getattr(ref, "owner", None) != owner:
+                continue
+            del self.aliases[key]
+            s = ref()
+            if s is None:
+                continue
+            holder = self._container(s, key)
+            if holder is not None:
+                self._alias(key, s, holder)
+                continue
+            new = self.live[key] = _StorageRef(s, self._on_free)
+            new.key, new.nbytes = key, s.nbytes()
+            self.current += new.nbytes
+            self.peak = max(self.peak, self.current)
 
     def _new_bytes(self, tensors: Sequence) -> tuple[int, list]:
         """Bytes of storages in ``tensors`` not booked yet (or grown), and what to book."""
-        added, todo = 0, []
+        storages = []
         for t in tensors:
             if not isinstance(t, torch.Tensor):
                 continue
-            try:
-                s = t.untyped_storage()
-            except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
-                continue
-            if type(t) in _PLAIN and self.storage_device == "cpu":  # fast path: no device object
-                if not t.is_cpu:
-                    continue
-            elif s.device.type != self.storage_device:  # fake tensors keep meta storages
+            if type(t) in _PLAIN and self.storage_device == "cpu" and not t.is_cpu:
+                continue  # fast path: no device object
+            storages.extend(_storages_of(t))
+        return self._new_storage_bytes(storages)
+
+    def _new_storage_bytes(self, storages: Sequence) -> tuple[int, list]:
+        added, todo, seen = 0, [], set()
+        for s in storages:
+            if s.device.type != self.storage_device:  # fake tensors keep meta storages
                 continue
             key, nbytes = s._cdata, s.nbytes()
+            if key in seen or key in self.aliases:
+                continue
+            seen.add(key)
             entry = self.live.get(key)
             if entry is None:
+                holder = self._container(s, key)
+                if holder is not None:
+                    todo.append((key, s, -1 - holder))  # an alias: counted 0
+                    continue
                 added += nbytes
                 todo.append((key, s, nbytes))
             elif entry.nbytes != nbytes:  # resized in place
                 added += nbytes - entry.nbytes
                 todo.append((key, None, nbytes))
         return added, todo
+
+    def book_storages(self, storages: Sequence) -> None:
+        """Book storages made without an operator (``torch.UntypedStorage(n)``, ``frombuffer``)."""
+        with self.lock:
+            added, todo = self._new_storage_bytes(storages)
+            if self.limited and added:
+                self._check_budget(added, "a storage made without an operator")
+            self._apply(todo, added, 0)
+
+    def _apply(self, todo: list, added: int, transient: int) -> None:
+        live, on_free = self.live, self._on_free
+        for key, s, nbytes in todo:
+            if s is None:
+                live[key].nbytes = nbytes
+            elif nbytes < 0:
+                self._alias(key, s, -1 - nbytes)
+            else:
+                ref = live[key] = _StorageRef(s, on_free)
+                ref.key, ref.nbytes = key, nbytes
+        self.current += added
+        self.peak = max(self.peak, self.current + transient)
 
     def book(self, tensors: Sequence, transient: int = 0, what: object = "a tensor") -> None:
         """Count the storages of ``tensors``; ``transient`` bytes exist only during this op.
@@ -333,15 +496,7 @@ class _Accountant(TorchDispatchMode):
                 return
             if self.limited:
                 self._check_budget(added + transient, what)
-            live, on_free = self.live, self._on_free
-            for key, s, nbytes in todo:
-                if s is None:
-                    live[key].nbytes = nbytes
-                else:
-                    ref = live[key] = _StorageRef(s, on_free)
-                    ref.key, ref.nbytes = key, nbytes
-            self.current += added
-            self.peak = max(self.peak, self.current + transient)
+            self._apply(todo, added, transient)
 
     def _book_one(self, t: torch.Tensor) -> None:
         """``book([t])`` for one plain tensor, no transient bytes and no budget (a CPU op's
@@ -350,12 +505,20 @@ class _Accountant(TorchDispatchMode):
             return
         try:
             s = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):  # sparse, ...
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse: its parts
+            self.book([t])
             return
         key, nbytes = s._cdata, s.nbytes()
         with self.lock:
             entry = self.live.get(key)
             if entry is None:
+                if key in self.aliases:
+                    return
+                if not s.resizable():  # it may wrap memory already booked (see _container)
+                    holder = self._container(s, key)
+                    if holder is not None:
+                        self._alias(key, s, holder)
+                        return
                 ref = self.live[key] = _StorageRef(s, self._on_free)
                 ref.key, ref.nbytes = key, nbytes
                 self.current += nbytes
@@ -381,6 +544,9 @@ class _Accountant(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.retiring:  # nobody reads these books any more: only wait to be taken off
+            _take_off_soon(self)
+            return func(*args, **kwargs)
         if self.limited and func in _PRECHECKED:  # refuse before allocating, when we can
             self._precheck(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -451,6 +617,8 @@ class _Accountant(TorchDispatchMode):
         # That pass is most of the cost of starting the count (it grows with every object of
         # the session, tensor or not), and each class asked for slows it a little.
         found = [o for o in gc.get_referrers(*kinds) if type(o) in kinds]
+        storages = [o for o in found if type(o) is torch.UntypedStorage]  # made by hand
+        found = [o for o in found if type(o) is not torch.UntypedStorage]
         # A gradient that autograd created in C++ has no Python object until someone reads
         # ``.grad``, so the scan above cannot see it: reach it through its parameter.
         grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
@@ -462,6 +630,12 @@ class _Accountant(TorchDispatchMode):
         gc.disable()
         try:
             self._book_found(found + grads, cpu)
+            if storages:  # those a tensor uses are booked already; the others count too
+                with self.lock:
+                    mine = [t for t in storages if t.device.type == self.storage_device]
+                    added, todo = self._new_storage_bytes(mine)
+                    self._apply(todo, added, 0)
+                    self.peak = self.current
         finally:
             if collecting:
                 gc.enable()
@@ -469,10 +643,12 @@ class _Accountant(TorchDispatchMode):
     def _book_found(self, tensors: list, cpu: bool) -> None:
         with self.lock:
             live, on_free, added = self.live, self._on_free, 0
+            wrapping = []  # storages that may wrap memory another one holds (see _container)
             for t in tensors:
                 try:
                     s = t.untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...
+                    wrapping.extend(_storages_of(t))
                     continue
                 if cpu and type(t) in _PLAIN:  # fast path: no device object
                     if not t.is_cpu:
@@ -482,16 +658,25 @@ class _Accountant(TorchDispatchMode):
                 key = s._cdata
                 if key in live:  # a view of a storage booked already
                     continue
+                if not s.resizable():
+                    wrapping.append(s)
+                    continue
                 ref = live[key] = _StorageRef(s, on_free)
                 ref.key = key
                 ref.nbytes = nbytes = s.nbytes()
                 added += nbytes
             self.current += added
+            # Largest first, so that a storage and what wraps it (same memory) keep the first.
+            wrapping.sort(key=lambda s: s.nbytes(), reverse=True)
+            for s in wrapping:  # one at a time: each may wrap the memory of one booked before
+                added, todo = self._new_storage_bytes([s])
+                self._apply(todo, added, 0)
             self.peak = self.current
 
     def clear(self) -> None:
         with self.lock:
             self.live.clear()  # dropping the weak references also drops their callbacks
+            self.aliases.clear()
 
 
 def _storage_kinds() -> set[type]:
@@ -514,7 +699,7 @@ def _storage_kinds() -> set[type]:
         k
         for k in kinds
         if k in (torch.Tensor, nn.Parameter) or not k.__module__.startswith("torch.")
-    }
+    } | {torch.UntypedStorage}
 
 
 # One running CPU accountant per thread (dispatch modes are thread-local): measure, budget and
@@ -522,35 +707,149 @@ def _storage_kinds() -> set[type]:
 # threading.local, not a dict keyed by thread id: a thread that dies with a Tracker still running
 # takes its accountant with it, and a new thread that reuses its id starts clean.
 _local = threading.local()
+_MAIN_IDENT = threading.main_thread().ident
 
 
 def _acquire_shared(limit: int | None = None) -> tuple[_Accountant, _Window]:
-    acc = getattr(_local, "shared", None)
-    if acc is None:
-        acc = _Accountant("cpu")
-        acc.book_existing()
-        acc.__enter__()  # push the mode; it stays pushed across notebook cells
-        _local.shared = acc
-    return acc, acc.open_window(limit)
+    _local.busy = True  # (a call _retire_elsewhere queued waits until we are done)
+    acc = None
+    try:
+        acc = getattr(_local, "shared", None)
+        if acc is not None and acc.retiring:  # left from another thread: off, and start afresh
+            _take_off(acc)
+            acc = None
+        if acc is None:
+            acc = _Accountant("cpu")
+            acc.book_existing()
+            acc.on_main_thread = _thread.get_ident() == _MAIN_IDENT
+            acc.owner_name = threading.current_thread().name
+            _local.shared = acc
+            acc.__enter__()  # push the mode; it stays pushed across notebook cells
+        return acc, acc.open_window(limit)
+    except BaseException:  # a KeyboardInterrupt while starting: leave no mode behind
+        if acc is not None and not acc.windows and getattr(_local, "shared", None) is acc:
+            _take_off(acc)
+        raise
+    finally:
+        _local.busy = False
 
 
 def _release_shared(acc: _Accountant, window: _Window) -> None:
+    """Close ``window``; the last one out takes the mode off the thread that pushed it.
+
+    From another thread (a generator closed elsewhere, a gauge's finalizer in its sampling
+    thread, ``Tracker.stop()`` called from a worker) the mode cannot be popped here: dispatch
+    modes live on each thread's own stack. The accountant then stops booking at once and is
+    taken off by its own thread (``_retire_elsewhere``).
+    """
     acc.close_window(window)
-    if acc.windows or getattr(_local, "shared", None) is not acc:
+    if acc.windows:
         return
-    # Another mode may sit above ours (a learner's, or one entered inside the block and left
-    # on): lift it off, take ours out, and put it back, so nothing keeps counting after us.
-    above = []
-    while _get_current_dispatch_mode() not in (acc, None):
-        above.append(_pop_mode())
-    try:
-        if _get_current_dispatch_mode() is acc:
-            acc.__exit__(None, None, None)
-    finally:
-        for mode in reversed(above):
-            _push_mode(mode)
+    if getattr(_local, "shared", None) is acc:
+        _local.busy = True
+        try:
+            _take_off(acc)
+        finally:
+            _local.busy = False
+    elif not acc.retiring:
+        _retire_elsewhere(acc)
+
+
+def _take_off(acc: _Accountant) -> bool:
+    """Pop ``acc`` off this thread's dispatch stack (it must be this thread's); True when done.
+
+    Another mode may sit above ours (a learner's, or one entered inside the block and left
+    on): lift it off, take ours out, and put it back, so nothing keeps counting after us.
+    """
+    stack = _get_current_dispatch_mode_stack()
+    if acc in stack:
+        above = []
+        while _get_current_dispatch_mode() not in (acc, None):
+            above.append(_pop_mode())
+        try:
+            if _get_current_dispatch_mode() is acc:
+                acc.__exit__(None, None, None)
+        finally:
+            for mode in reversed(above):
+                _push_mode(mode)
+    elif acc.retiring:
+        return False  # inside one of its own operators (it is off the stack meanwhile): later
+    acc.retiring = False
     acc.clear()
-    _local.shared = None
+    if getattr(_local, "shared", None) is acc:
+        _local.shared = None
+    return True
+
+
+def _retire_elsewhere(acc: _Accountant) -> None:
+    """The last reader of ``acc`` left from another thread: stop booking, and get it taken off.
+
+    On the main thread (a notebook's cells, a script) it is taken off at once, by a call the
+    interpreter runs there between two bytecodes (``Py_AddPendingCall``, as a signal handler
+    is). Another thread takes it off the next time it uses ``measure``, ``budget`` or a
+    ``Tracker``; until then every operator it runs passes through one Python call, and a
+    warning says so.
+    """
+    acc.retiring = True
+    acc.clear()  # no weak references left to call back
+    if acc.on_main_thread:
+        acc.pending = _call_in_main_thread(lambda: _take_off_in_main(acc))
+        if acc.pending:
+            return
+    warnings.warn(
+        f"a memory count (measure, budget or Tracker) begun in thread {acc.owner_name!r} was "
+        f"ended in thread {threading.current_thread().name!r}: its dispatch mode stays on in "
+        f"{acc.owner_name!r}, slowing each operator there, until that thread next calls "
+        "measure(), budget() or Tracker.start() or ends. End a count in the thread that began it.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def _take_off_in_main(acc: _Accountant) -> None:
+    """Queued by ``_retire_elsewhere``; runs on the main thread, between two bytecodes."""
+    acc.pending = False
+    if acc.retiring and getattr(_local, "shared", None) is acc and not _local.__dict__.get("busy"):
+        _take_off(acc)  # False inside one of its own operators: the next operator asks again
+
+
+def _take_off_soon(acc: _Accountant) -> None:
+    """From an operator of a retiring accountant: ask its (main) thread to take it off."""
+    if acc.on_main_thread and not acc.pending and _thread.get_ident() == _MAIN_IDENT:
+        acc.pending = _call_in_main_thread(lambda: _take_off_in_main(acc))
+
+
+_PendingCall = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_pending: dict[int, object] = {}  # the callbacks ctypes made, alive until the interpreter runs them
+
+
+def _call_in_main_thread(fn) -> bool:
+    """Run ``fn()`` on the main thread at its next bytecode boundary; False if that is refused.
+
+    ``Py_AddPendingCall`` (CPython's C API, what delivers signals to Python code): the main
+    thread runs it when it next checks for signals, soon even in a long loop, right after a
+    blocking call returns otherwise. ``fn`` must not raise (errors are dropped).
+    """
+    try:
+        add = ctypes.pythonapi.Py_AddPendingCall
+    except (AttributeError, OSError):  # not CPython
+        return False
+
+    def run(_):
+        _pending.pop(id(callback), None)
+        try:
+            fn()
+        except Exception:  # nothing may escape into whatever the main thread was doing
+            pass
+        return 0
+
+    callback = _PendingCall(run)
+    add.argtypes, add.restype = [_PendingCall, ctypes.c_void_p], ctypes.c_int
+    _pending[id(callback)] = callback
+    if add(callback, None) != 0:  # the queue is full
+        _pending.pop(id(callback), None)
+        return False
+    return True
 
 
 # -----------------------------------------------------------------------------
@@ -709,6 +1008,8 @@ class Tracker:
     ``current_bytes`` and ``peak_bytes`` are safe to read from another thread (the live gauge
     polls them). On the CPU it books the operators run by the thread that called ``start()``
     (a notebook runs every cell on its main thread); on CUDA it reads the caching allocator.
+    ``stop()`` may come from any thread: the counting comes off the thread that started it
+    (at once when that is the main thread; otherwise when it next counts, with a warning).
 
     >>> tracker = Tracker("cpu").start()
     >>> x = torch.zeros(256, 1024)          # 1 MiB
@@ -721,7 +1022,6 @@ class Tracker:
         self.device = _resolve(device)
         self._acc: _Accountant | None = None
         self._window: _Window | None = None
-        self._owner: int | None = None
         self._start = 0
         self._final = (0, 0)  # (current, peak) when stopped
 
@@ -738,16 +1038,11 @@ class Tracker:
             self._window = _cuda_open(self.device.index)
         else:
             self._acc, self._window = _acquire_shared()
-        self._owner = threading.get_ident()
         return self
 
     def stop(self) -> None:
         if not self.running:
             return
-        if self._owner != threading.get_ident():
-            raise RuntimeError(
-                "stop() this Tracker from the thread that started it (the notebook's)"
-            )
         if self.device.type == "cuda":
             _cuda_close(self.device.index, self._window)
             self._final = (self.current_bytes, int(self._window.peak))
@@ -861,6 +1156,15 @@ def measure(device: str | torch.device | None = None) -> Iterator[Measurement]:
     CUDA: the caching allocator's counters (peak reset at entry, reserved memory reported too).
     CPU: exact accounting of live tensor storages (never RSS). Blocks nest.
 
+    On the CPU, each byte of memory counts once: storages that share memory
+    (``torch.from_numpy(a.numpy())``, ``torch.as_tensor`` of the same array, ``from_dlpack``)
+    count as the one that holds it; a sparse tensor counts its index and value tensors;
+    ``torch.frombuffer``, ``torch.from_dlpack``, ``torch.from_numpy`` and a raw
+    ``torch.UntypedStorage(n)`` count like any tensor (their memory was not allocated by an
+    operator, but it is held by a storage). Not counted: scratch inside an operator (see
+    ``memory.breakdown``), memory ``torch.compile`` allocates below the dispatcher, and the
+    operators of other threads.
+
     >>> with measure("cpu") as m:
     ...     y = torch.ones(1024, 256) * 2     # 1 MiB kept, 1 MiB temporary
     >>> m.peak_above_start_bytes, m.delta_bytes
@@ -882,15 +1186,17 @@ def measure(device: str | torch.device | None = None) -> Iterator[Measurement]:
             result.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(index))
             result.done = True
         return
-    acc, window = _acquire_shared()
-    result.start_bytes = window.start
+    acc = window = None
     try:
+        acc, window = _acquire_shared()
+        result.start_bytes = window.start
         yield result
     finally:
-        result.end_bytes = acc.current
-        _release_shared(acc, window)
-        result.peak_bytes = window.peak
-        result.done = True
+        if window is not None:
+            result.end_bytes = acc.current
+            _release_shared(acc, window)
+            result.peak_bytes = window.peak
+            result.done = True
 
 
 @contextmanager
@@ -920,8 +1226,9 @@ def budget(nbytes: int | str, device: str | torch.device | None = None) -> Itera
         finally:
             torch.cuda.set_per_process_memory_fraction(previous, index)
         return
-    acc, window = _acquire_shared(limit)
+    acc = window = None
     try:
+        acc, window = _acquire_shared(limit)
         if acc.current > limit:
             raise torch.OutOfMemoryError(
                 f"CPU out of memory (memory.budget). Budget {format_bytes(limit)}, but "
@@ -930,4 +1237,5 @@ def budget(nbytes: int | str, device: str | torch.device | None = None) -> Itera
             )
         yield
     finally:
-        _release_shared(acc, window)
+        if window is not None:
+            _release_shared(acc, window)

@@ -35,6 +35,7 @@ from .accounting import (
 from .units import format_bytes
 
 __all__ = [
+    "PROTOCOLS",
     "EstimateError",
     "MemoryBreakdown",
     "ModuleMemory",
@@ -89,6 +90,11 @@ class MemoryBreakdown:
     # estimate only: operators in the step whose CPU kernels allocate scratch that fake tensors
     # cannot see, so the true peak may be higher than ``peak``.
     unseen_scratch: tuple[str, ...] = ()
+    # How the step was run (the repr says it): LOOP (the default) keeps the model's output and
+    # the loss alive until the step ends, as ``out = model(x); loss = loss_fn(out);
+    # loss.backward(); opt.step()`` does; FREED drops the output before backward (the least a
+    # step can hold: ``loss_fn(model(x)).backward()`` with nothing else kept).
+    protocol: str = "loop"
     modules: tuple[ModuleMemory, ...] = field(default=(), repr=False)
 
     _CATEGORIES = ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "activations")
@@ -99,7 +105,7 @@ class MemoryBreakdown:
     @property
     def title(self) -> str:
         how = "estimated with fake tensors" if self.estimated else "measured"
-        return f"training step on {self.device}, {how}"
+        return f"training step on {self.device}, {how}, {PROTOCOLS[self.protocol]}"
 
     def __repr__(self) -> str:
         lines = [f"MemoryBreakdown({self.title})"]
@@ -171,6 +177,22 @@ class MemoryBreakdown:
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
         ax.figure.tight_layout()
         return ax
+
+
+#: What each ``keep_output`` choice measures, as the repr says it.
+PROTOCOLS = {
+    "loop": "output kept through backward, as in a training loop",
+    "freed": "output freed before backward",
+}
+
+
+def _protocol(keep_output) -> str:
+    if not isinstance(keep_output, bool):
+        raise TypeError(
+            f"keep_output must be True (the output lives through backward, as in a training "
+            f"loop) or False (it is freed before backward), not {keep_output!r}"
+        )
+    return "loop" if keep_output else "freed"
 
 
 # -----------------------------------------------------------------------------
@@ -266,8 +288,12 @@ def _run_step(
     estimated: bool,
     device_name: str,
     recorder: _AllocatorRecorder | None = None,
+    protocol: str = "loop",
 ):
     """Forward, backward and (optionally) an optimizer step, booked by ``acc``.
+
+    ``protocol`` "loop": the output and the loss stay alive until the step ends (a learner's
+    ``out = model(x)`` does); "freed": the output is dropped before backward.
 
     With a ``recorder`` (real CPU steps), the peak is the CPU allocator's own (scratch inside
     operators included); the categories always come from the dispatch-level books.
@@ -311,11 +337,13 @@ def _run_step(
                         raise
                     raise watch.explain(exc) from None
             phase_peaks["forward"] = acc.window_peak(window)
-            del output
+            if protocol == "freed":
+                del output
             acc.reset_window_peak(window)
             with mark("backward"):
                 loss.backward()
-                del loss
+                if protocol == "freed":
+                    del loss
             phase_peaks["backward"] = acc.window_peak(window)
             gradients, grad_keys = _unique_bytes([p.grad for p in params], known)
             opt = _make_optimizer(optimizer, params)
@@ -330,6 +358,7 @@ def _run_step(
                 ]
                 state_bytes, _ = _unique_bytes(state, known | grad_keys)
             del opt
+            output = loss = None  # (the loop's out and loss end here)
     finally:
         watch.remove()
         acc.close_window(window)
@@ -354,6 +383,7 @@ def _run_step(
         peak_phase=phase,
         estimated=estimated,
         booked_peak=booked_peak,
+        protocol=protocol,
         modules=tuple(modules),
     )
 
@@ -383,6 +413,7 @@ def breakdown(
     *,
     loss_fn: Callable | None = None,
     optimizer: Callable | None = None,
+    keep_output: bool = True,
 ) -> MemoryBreakdown:
     """Run one real training step and say where its memory went.
 
@@ -392,7 +423,15 @@ def breakdown(
     with one, the model's weights take one real step. Gradients the model had before and
     BatchNorm's running statistics are put back afterwards; the step's own gradients and
     optimizer are dropped.
+
+    ``keep_output`` (default True) runs the step as a training loop is written,
+    ``out = model(x); loss = loss_fn(out); loss.backward(); opt.step()``: ``out`` stays alive
+    through backward and the optimizer step. ``False`` frees it before backward (what
+    ``loss_fn(model(x)).backward()`` holds). The repr says which was measured; the two differ
+    most for a model whose large output is not saved for backward (a language model's logits).
     """
+    _check_step_arguments(model, loss_fn, optimizer)
+    protocol = _protocol(keep_output)
     inputs = _as_tuple(inputs)
     device = _model_device(model)
     if device.type == "meta":
@@ -423,12 +462,22 @@ def breakdown(
     }
     try:
         if device.type == "cuda":
-            return _breakdown_cuda(model, inputs, loss_fn, optimizer, device)
+            return _breakdown_cuda(model, inputs, loss_fn, optimizer, device, protocol)
         acc = _Accountant("cpu")
         if not _AllocatorRecorder.available():  # the caller's profiler is running: books only
-            return _run_step(model, inputs, loss_fn, optimizer, acc, False, str(device))
+            return _run_step(
+                model, inputs, loss_fn, optimizer, acc, False, str(device), protocol=protocol
+            )
         result = _run_step(
-            model, inputs, loss_fn, optimizer, acc, False, str(device), _AllocatorRecorder()
+            model,
+            inputs,
+            loss_fn,
+            optimizer,
+            acc,
+            False,
+            str(device),
+            _AllocatorRecorder(),
+            protocol=protocol,
         )
         return dataclasses.replace(result, peak_source="CPU allocator")
     finally:
@@ -439,7 +488,28 @@ def breakdown(
                 b.copy_(saved)
 
 
-def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdown:
+def _check_step_arguments(model, loss_fn, optimizer) -> None:
+    """One sentence for the arguments a step cannot run with (before anything is touched)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"the model must be an nn.Module (the one you train), not {type(model).__name__}"
+        )
+    if loss_fn is not None and not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn must be a function of the model's output, not {type(loss_fn).__name__}"
+        )
+    if (
+        optimizer is not None
+        and not callable(optimizer)
+        and not isinstance(optimizer, torch.optim.Optimizer)  # (_make_optimizer says why not)
+    ):
+        raise TypeError(
+            "optimizer must be an optimizer class such as torch.optim.AdamW (or a function of "
+            f"the parameters that builds one), not {optimizer!r}"
+        )
+
+
+def _breakdown_cuda(model, inputs, loss_fn, optimizer, device, protocol) -> MemoryBreakdown:
     """On CUDA: the categories from our books, the peak from the allocator (workspaces too)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.synchronize(index)
@@ -447,7 +517,14 @@ def _breakdown_cuda(model, inputs, loss_fn, optimizer, device) -> MemoryBreakdow
     window = _cuda_open(index)
     try:
         result = _run_step(
-            model, inputs, loss_fn, optimizer, _Accountant("cuda"), False, str(device)
+            model,
+            inputs,
+            loss_fn,
+            optimizer,
+            _Accountant("cuda"),
+            False,
+            str(device),
+            protocol=protocol,
         )
     finally:
         _cuda_close(index, window)
@@ -498,6 +575,11 @@ def _is_shape(x) -> bool:
 
 
 def _fake_input(x, device: torch.device):
+    if _is_shape(x) and any(n < 0 for n in x):
+        raise ValueError(
+            f"an input shape is a tuple of whole numbers, 0 or more, such as (8, 128); got "
+            f"{tuple(x)!r} (estimate cannot infer a -1)"
+        )
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
     if isinstance(x, TensorSpec):
@@ -552,6 +634,96 @@ _UNSEEN_SCRATCH = {
     _aten.mkldnn_rnn_layer_backward.default: "oneDNN's RNN workspace",
 }
 
+# Matrix products that PyTorch hands to oneDNN on a CPU with native reduced-precision units
+# (AVX512-BF16 or AMX: a recent laptop or cloud CPU): oneDNN then allocates scratch inside the
+# operator (a primitive's scratchpad and reordered operands, about 10 KiB to a few hundred KiB
+# per call, not a function of the shapes we could write down) that fake tensors cannot see.
+# On a CPU without those units (or under ONEDNN_MAX_CPU_ISA=AVX2) the same products run in
+# PyTorch's own kernels, without that scratch. ATen's rule (aten/src/ATen/native/mkldnn/Matmul.cpp,
+# use_mkldnn_bf16_matmul): oneDNN is enabled, every operand and the result are bf16 (fp16 where
+# the CPU has native fp16; fp32 under torch.backends.mkldnn.matmul.fp32_precision == "bf16",
+# which torch.set_float32_matmul_precision("medium") sets), and the product is larger than
+# 16 * 16 * 16 (m * k * n, times the batch for bmm; m * k for mv; n for dot).
+_ONEDNN_MATMUL_SCRATCH = "oneDNN's reduced-precision matmul scratch (this CPU has native bf16)"
+_ONEDNN_MIN_SIZE = 16 * 16 * 16
+_ONEDNN_MATMULS = {  # operator -> (index of the first matrix, of the second)
+    _aten.mm.default: (0, 1),
+    _aten.addmm.default: (1, 2),
+    _aten.bmm.default: (0, 1),
+    _aten.baddbmm.default: (1, 2),
+    _aten.mv.default: (0, 1),
+    _aten.addmv.default: (1, 2),
+    _aten.dot.default: (0, 1),
+}
+
+
+@functools.cache
+def _native_reduced_precision() -> frozenset[torch.dtype]:
+    """The dtypes whose CPU matrix products oneDNN runs on this machine's native units.
+
+    Asked once per process: oneDNN reads ``ONEDNN_MAX_CPU_ISA`` (and the CPU's features) when
+    it starts, and ``torch.ops.mkldnn._is_mkldnn_bf16_supported()`` answers for that, where
+    ``torch.backends.cpu.get_cpu_capability()`` (ATen's own kernels) does not: under
+    ``ONEDNN_MAX_CPU_ISA=AVX2`` an AVX512-BF16 CPU still reports ``AVX512`` there.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return frozenset()
+    found = set()
+    for dtype, probe in (
+        (torch.bfloat16, "_is_mkldnn_bf16_supported"),
+        (torch.float16, "_is_mkldnn_fp16_supported"),
+    ):
+        try:
+            if getattr(torch.ops.mkldnn, probe)():
+                found.add(dtype)
+        except (AttributeError, RuntimeError):  # a build without the probe: assume not
+            pass
+    return frozenset(found)
+
+
+def onednn_matmul_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes whose CPU matrix products go to oneDNN right now (empty on most CPUs).
+
+    bf16 (and fp16) on a CPU with native units for them, while ``torch.backends.mkldnn`` is
+    enabled; fp32 too while ``torch.backends.mkldnn.matmul.fp32_precision`` is ``"bf16"``.
+    """
+    native = _native_reduced_precision()
+    if not native or not torch.backends.mkldnn.enabled:
+        return frozenset()
+    if torch.bfloat16 in native and _mkldnn_fp32_precision() == "bf16":
+        return native | {torch.float32}
+    return native
+
+
+def _mkldnn_fp32_precision() -> str:
+    try:
+        return str(torch.backends.mkldnn.matmul.fp32_precision)
+    except (AttributeError, RuntimeError):  # older torch: no such setting
+        return "none"
+
+
+def _takes_onednn_matmul(func, args) -> bool:
+    """Does this CPU matrix product run in oneDNN, with scratch fake tensors cannot see?"""
+    first, second = _ONEDNN_MATMULS[func]
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    dtypes = onednn_matmul_dtypes()
+    kinds = {t.dtype for t in tensors}
+    if len(kinds) != 1 or not kinds <= dtypes:  # every operand in one dtype oneDNN takes
+        return False
+    a, b = args[first], args[second]
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.dim() == 1:  # dot
+        size = a.shape[0]
+    elif b.dim() == 1:  # mv
+        size = a.shape[0] * a.shape[1]
+    elif a.dim() == 2:  # mm
+        size = a.shape[0] * a.shape[1] * b.shape[1]
+    else:  # bmm
+        size = a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
+    return size > _ONEDNN_MIN_SIZE
+
+
 # Operators whose real kernels refuse operands of different dtypes, where the fake (meta)
 # kernel does not check (nn.Linear on a tensor of token ids runs on fake tensors).
 _SAME_DTYPE = {
@@ -595,6 +767,12 @@ class _FakeAccountant(_Accountant):
                 raise RuntimeError(
                     f"{func} needs its tensors in one dtype, got {names} (a real step raises too)"
                 )
+        if (
+            func in _ONEDNN_MATMULS
+            and self.target.type == "cpu"
+            and _takes_onednn_matmul(func, args)
+        ):
+            self.unseen.setdefault(str(func.overloadpacket.__name__), _ONEDNN_MATMUL_SCRATCH)
         if func in _UNSEEN_SCRATCH and self.target.type == "cpu":
             if not (func is _aten.convolution.default and _scratch_bytes(func, args, "meta")):
                 self.unseen.setdefault(str(func.overloadpacket.__name__), _UNSEEN_SCRATCH[func])
@@ -672,6 +850,7 @@ def estimate(
     loss_fn: Callable | None = None,
     optimizer: Callable | None = None,
     device: str | torch.device | None = None,
+    keep_output: bool = True,
 ) -> MemoryBreakdown:
     """``breakdown`` without allocating: the same step on fake tensors (``FakeTensorMode``).
 
@@ -681,8 +860,12 @@ def estimate(
     plain tuple of ints for a float32 tensor of that shape: ``estimate(model, (64, 1024))``;
     several inputs as a tuple of those, ``((64, 1024), spec((64,), torch.long))``.
     ``device``: the device to simulate (default: the model's, or ``pick_device()`` for a model on
-    meta). Runs under the caller's ``torch.autocast`` like ``breakdown`` does.
+    meta). Runs under the caller's ``torch.autocast`` like ``breakdown`` does. ``keep_output``:
+    as in ``breakdown`` (by default the output lives through backward, as in a training loop).
     """
+    protocol = _protocol(keep_output)
+    _check_step_arguments(nn.Module(), loss_fn, None)
+    _check_step_arguments(nn.Module(), None, optimizer)
     if isinstance(model_or_factory, nn.Module):
         model = model_or_factory
     elif callable(model_or_factory):
@@ -719,7 +902,14 @@ def estimate(
         fmodel = _fake_model(model, target, in_place=model is not model_or_factory)
         finputs = tuple(_fake_input(x, target) for x in raw)
         result = _run_step(
-            fmodel, finputs, loss_fn, optimizer, acc, estimated=True, device_name=str(target)
+            fmodel,
+            finputs,
+            loss_fn,
+            optimizer,
+            acc,
+            estimated=True,
+            device_name=str(target),
+            protocol=protocol,
         )
     return dataclasses.replace(
         result, peak_source="fake tensors", unseen_scratch=tuple(sorted(acc.unseen))

@@ -459,30 +459,41 @@ class LiveGauge:
             self.error = ""
             for row in self._rows.values():
                 row.last, row.error, row.peak_bytes = None, "", 0
-            for src in self.sources:
-                try:
-                    src.open()
-                except Exception as exc:  # open() should not raise; a custom source might
-                    src.available, src.reason = False, f"{type(exc).__name__}: {exc}"
             # A gauge forgotten while running (reassigned, deleted) still closes its sources when
-            # it is collected: the CPU tracker's dispatch mode must not stay on forever.
+            # it is collected: the CPU tracker's dispatch mode must not stay on forever. (The
+            # tracker comes off the notebook's thread even when this runs in the sampling one.)
             self._finalizer = weakref.finalize(self, _close_sources, tuple(self.sources))
-            self._t0 = time.monotonic()
-            self._stop = threading.Event()
-            self._schedule = _Schedule(self.period_s, self._t0)
-            self._last_redraw = -math.inf
             try:
-                self._tick()  # the first sample now, so the rows appear at once
-            except Exception as exc:
-                self._fault(exc)
-            self._thread = threading.Thread(
-                target=_run,
-                args=(weakref.ref(self), self._stop, self._schedule),
-                name="LiveGauge",
-                daemon=True,
-            )
-            self._thread.start()
+                self._open_and_start()
+            except BaseException:  # Ctrl-C (KeyboardInterrupt) while starting: nothing stays on
+                self._stop.set()
+                self._thread = None
+                self._finalizer.detach()
+                _close_sources(self.sources)
+                raise
         return self
+
+    def _open_and_start(self) -> None:
+        for src in self.sources:
+            try:
+                src.open()
+            except Exception as exc:  # open() should not raise; a custom source might
+                src.available, src.reason = False, f"{type(exc).__name__}: {exc}"
+        self._t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._schedule = _Schedule(self.period_s, self._t0)
+        self._last_redraw = -math.inf
+        try:
+            self._tick()  # the first sample now, so the rows appear at once
+        except Exception as exc:
+            self._fault(exc)
+        self._thread = threading.Thread(
+            target=_run,
+            args=(weakref.ref(self), self._stop, self._schedule),
+            name="LiveGauge",
+            daemon=True,
+        )
+        self._thread.start()
 
     def stop(self) -> LiveGauge:
         """Stop sampling: joins the thread, closes the sources, draws the final numbers."""

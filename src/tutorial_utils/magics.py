@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from .units import format_bytes
@@ -40,10 +41,26 @@ def format_measurement(result: Any) -> str:
 def _split_last_expression(code: str) -> tuple[ast.Module, ast.Expression | None]:
     """The cell as statements plus its last expression (evaluated separately, like IPython)."""
     tree = ast.parse(code)
+    try:
+        compile(tree, "<%%peak cell>", "exec")
+    except SyntaxError:
+        try:  # valid only as a top-level await: say what to do, not a SyntaxError
+            compile(tree, "<%%peak cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        except SyntaxError:
+            raise
+        raise UsageError(
+            "%%peak cannot run a cell with a top-level await: measure inside your coroutine "
+            "instead (with tutorial_utils.memory.measure() as m: ...), or drop the magic"
+        ) from None
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     return tree, last
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 @magics_class
@@ -52,8 +69,13 @@ class MemoryMagics(Magics):
     def peak(self, line: str, cell: str) -> Any:
         """Run the cell and print its exact memory peak and delta: ``%%peak [device]``."""
         from . import memory  # deferred: torch takes seconds; %load_ext alone should not wait
+        from .accounting import _resolve
 
         device = line.strip() or None
+        try:  # a device this machine cannot measure: one line, before the cell runs
+            _resolve(device)
+        except (ValueError, RuntimeError, AssertionError, TypeError) as exc:
+            raise UsageError(f"%%peak {line.strip()}: {_one_line(exc)}") from None
         code = self.shell.transform_cell(cell)  # %magics and !commands inside the cell
         body, last = _split_last_expression(code)
         ns = self.shell.user_ns

@@ -48,7 +48,10 @@ What the CPU accounting cannot see, and what we do about it:
 - Code compiled by ``torch.compile`` allocates its buffers below the dispatcher: measure the
   uncompiled model.
 - Only the thread that started the counting is booked (dispatch modes are thread-local); a
-  notebook runs every cell on one thread.
+  notebook runs every cell on one thread. A count may end on another thread (a generator
+  closed there, ``Tracker.stop()`` or a gauge's finalizer in a worker): it stops booking at
+  once, and its mode comes off the thread that started it, at once when that is the main
+  thread, otherwise at that thread's next count (a warning says so).
 - Starting the count (the first ``measure``, ``budget`` or ``Tracker`` that is not nested in
   another) books the tensors that already exist with one pass over the garbage collector's
   objects. That pass grows with every object of the session, tensor or not: about 20 ms just
@@ -61,6 +64,7 @@ from __future__ import annotations
 
 from .accounting import Measurement, Tracker, budget, measure
 from .anatomy import (
+    PROTOCOLS,
     EstimateError,
     MemoryBreakdown,
     ModuleMemory,
@@ -71,6 +75,7 @@ from .anatomy import (
 )
 
 __all__ = [
+    "PROTOCOLS",
     "EstimateError",
     "Measurement",
     "MemoryBreakdown",

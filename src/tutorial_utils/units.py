@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -15,10 +16,27 @@ for _i, _unit in enumerate(_UNITS[1:], start=1):
     _FACTORS[_unit[0].lower()] = 2 ** (10 * _i)  # k, m, ... p
 
 
+# No machine holds anywhere near this much (1024 PiB, an exbibyte); a size above it is a typo.
+_TOO_LARGE = 2**60
+_TOO_LARGE_TEXT = "1024 PiB"
+
+
 def format_bytes(nbytes: float | int | None, precision: int = 2) -> str:
-    """``format_bytes(3 * 2**20) == '3.00 MiB'``; ``None`` (unknown) reads as ``'n/a'``."""
+    """``format_bytes(3 * 2**20) == '3.00 MiB'``; ``None`` or NaN (unknown) reads as ``'n/a'``.
+
+    Anything but a number (text, a list) is a ``TypeError`` that says to use ``parse_bytes``.
+    """
     if nbytes is None:
         return "n/a"
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real):
+        raise TypeError(
+            f"format_bytes needs a number of bytes, not {nbytes!r}; "
+            "read a size written as text with parse_bytes() first"
+        )
+    if math.isnan(nbytes):
+        return "n/a"
+    if math.isinf(nbytes):
+        return ("-" if nbytes < 0 else "") + "inf B"
     sign = "-" if nbytes < 0 else ""
     value = float(abs(nbytes))
     step = 0
@@ -55,4 +73,10 @@ def parse_bytes(text: str | int | float) -> int:
         raise ValueError(f"a size must be a number of bytes or text like '512 MiB', not {text!r}")
     if not math.isfinite(number):
         raise ValueError(f"a size must be a finite number of bytes, not {text!r}")
-    return int(number * factor)
+    nbytes = number * factor
+    if not math.isfinite(nbytes) or abs(nbytes) >= _TOO_LARGE:
+        raise ValueError(
+            f"{text!r} is too large a size (over {_TOO_LARGE_TEXT}); write it in bytes, "
+            "KiB, MiB, GiB, TiB or PiB, such as '512 MiB'"
+        )
+    return int(nbytes)
