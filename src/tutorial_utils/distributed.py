@@ -145,7 +145,7 @@ class LaunchResult:
     launcher_output: list[str] = field(default_factory=list)  # torchrun's own lines
     port: int = 0
     command: list[str] = field(default_factory=list)  # exactly what ran
-    launcher_pid: int | None = None  # torchrun's process id (gone once launch returns)
+    launcher_pid: int | None = None  # the launcher process (on Linux the supervisor of torchrun)
     report_errors: dict[int, str] = field(default_factory=dict)  # rank -> why its file was bad
     dropped_lines: dict[int, int] = field(default_factory=dict)  # rank -> lines not kept
     # Set when the job's exit status is not 0 although every rank wrote its report: which rank
