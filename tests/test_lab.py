@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -67,6 +68,8 @@ def test_real_server_needs_its_own_token(start_lab, tmp_path):
     run = start_lab(env={"JUPYTER_TOKEN": "not-secret"})
     token = run.wait_ready()
     assert len(token) >= 32 and token != "not-secret"
+    # issue 20: the readiness checks made the server log "403 GET /api/status" just before ready
+    assert "403 GET" not in run.text() and "[W" not in run.text()
     assert list(tmp_path.glob("tutorial-lab-*")) == []  # the token file is gone once it is up
     base = f"http://127.0.0.1:{run.port}/api/contents"
     for bad in ("", "?token=not-secret"):
@@ -86,6 +89,78 @@ def test_a_configuration_that_turns_the_token_off_is_refused(start_lab):
     text = run.text()
     assert "lab: your Jupyter configuration turns the token off" in text
     assert "token=" not in text.replace("token=...", "")
+
+
+@pytest.mark.slow
+def test_a_configuration_with_a_token_of_its_own_is_refused_at_once(start_lab):
+    """It replaced ours: every check was refused (4 "Forbidden" warnings a second) until, after
+    180 s, the launcher said the server was not ready although it was up."""
+    start = time.monotonic()
+    run = start_lab(config="c.IdentityProvider.token = 'mytoken'\n")
+    assert run.proc.wait(timeout=180) == 1
+    assert time.monotonic() - start < lab._READY_TIMEOUT_S / 2
+    text = run.text()
+    assert "lab: your Jupyter configuration sets a token of its own" in text
+    assert "was not ready" not in text
+    assert text.count("403 GET") <= 1  # one refused check, not a stream of them
+
+
+def test_token_folders_of_dead_launchers_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"tutorial-lab-{dead.pid}-abc"
+    old_style = tmp_path / "tutorial-lab-xyz"  # made before the pid was in the name
+    live = tmp_path / f"tutorial-lab-{os.getpid()}-def"
+    for folder in (stale, old_style, live):
+        folder.mkdir()
+        (folder / "token").write_text("secret")
+    other = tmp_path / "something-else"
+    other.mkdir()
+    assert sorted(lab._remove_stale_token_folders(tmp_path)) == sorted([stale, old_style])
+    assert live.is_dir() and other.is_dir() and not stale.exists() and not old_style.exists()
+
+
+def test_the_token_folder_names_its_launcher(tmp_path, monkeypatch):
+    monkeypatch.setattr(lab.tempfile, "tempdir", str(tmp_path))
+    path = lab._write_token_file("secret")
+    assert path.parent.name.startswith(f"tutorial-lab-{os.getpid()}-")
+    assert lab._remove_stale_token_folders(tmp_path) == []  # we are alive: kept
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_before_ready_leaves_no_token_for_the_next_one(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg")}
+    code = (
+        "import sys, time\n"
+        "from tutorial_utils import lab\n"
+        "lab._wait_until_ready = lambda *a: time.sleep(600)  # killed before the server is up\n"
+        "sys.exit(lab.main(['--no-browser', '--port', sys.argv[1]]))\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(port)], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("tutorial-lab-*/token")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(tmp_path.glob("tutorial-lab-*/token")), "the launcher never wrote its token"
+    finally:
+        launcher.kill()  # SIGKILL: no finally, no cleanup
+        launcher.wait()
+    assert list(tmp_path.glob("tutorial-lab-*/token"))  # what a killed launcher leaves
+    assert lab._remove_stale_token_folders(tmp_path) and not list(tmp_path.glob("tutorial-lab-*"))
+
+
+def test_a_home_that_is_a_file_is_one_sentence(tmp_path, monkeypatch, capsys):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    monkeypatch.setenv("HOME", str(home))
+    before = psutil.Process().children(recursive=True)
+    assert lab.main(["--no-browser", "--notebook-dir", str(ROOT / "notebooks")]) == 2
+    assert psutil.Process().children(recursive=True) == before
+    err = capsys.readouterr().err
+    assert err.startswith(f"lab: HOME is {str(home)!r}, which is a file") and err.count("\n") == 1
 
 
 @pytest.mark.slow

@@ -132,6 +132,14 @@ def probe_launch_port_busy(request):
         return raised(lambda: distributed.launch(script, nproc=1, port=port, echo=None))
 
 
+def probe_launch_shadowed_module(request):
+    folder = request.getfixturevalue("tmp_path")
+    script = folder / "never_runs.py"
+    script.write_text("raise SystemExit('must not start')\n")
+    (folder / "queue.py").write_text("")
+    return raised(lambda: distributed.launch(script, nproc=1, echo=None))
+
+
 def probe_widgets_missing(request):
     (problem,) = doctor.DoctorReport(widgets_ok=False).missing(["widgets"])
     return problem

@@ -3,12 +3,16 @@
 * It binds to 127.0.0.1 (never 0.0.0.0) and always requires a token, made here.
 * The token never appears on a command line: any user of the machine can read every process's
   arguments (``/proc/PID/cmdline``). Jupyter reads it from a file only its owner can read (mode
-  0600 in a private folder, named by ``JUPYTER_TOKEN_FILE``), deleted once the server is up.
+  0600 in a private folder, named by ``JUPYTER_TOKEN_FILE``), deleted once the server is up. The
+  folder's name carries the launcher's pid: one left by a launcher that was killed before the
+  server was up (SIGKILL runs no cleanup) is removed by the next launch.
 * A busy port is an error, never a silent move: the port is checked first, and Jupyter is told
   not to try the next one (``port_retries=0``) in case another program takes it meanwhile.
 * The address with the token is printed only when the server listening on that port is the one
   started here, and it refuses requests without the token (a Jupyter configuration that turns
-  the token off, ``c.ServerApp.token = ''``, is refused with the line to remove).
+  the token off, ``c.ServerApp.token = ''``, is refused with the line to remove; one that sets a
+  token of its own, which would replace ours, is refused at once in the same way). The checks
+  make no request the server logs as a warning.
 * JupyterLab dies with this launcher (Linux: a parent-death signal); Ctrl-C reaches JupyterLab,
   which asks whether to shut down. As root (containers, some cloud machines) JupyterLab refuses to
   start unless it is given ``--allow-root``, so that flag is added only then.
@@ -94,13 +98,52 @@ def _port_busy(port: int) -> bool:
     return False
 
 
+_FOLDER_PREFIX = "tutorial-lab-"
+
+
 def _write_token_file(token: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="tutorial-lab-"))  # mode 0700
+    # mode 0700; the pid in the name tells a later launch whether its owner is still alive
+    folder = Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-"))
     path = folder / "token"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token)
     return path
+
+
+def _remove_stale_token_folders(tmp: str | Path | None = None) -> list[Path]:
+    """Remove the token folders of launchers that died without cleaning up; the ones removed.
+
+    A folder is stale when the launcher named by its pid is gone, or is a newer process that
+    only got the same pid (it started after the folder was made), or when its name has no pid.
+    """
+    removed = []
+    with contextlib.suppress(OSError):
+        for folder in Path(tmp or tempfile.gettempdir()).glob(f"{_FOLDER_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                if not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                    continue
+                pid_text = folder.name[len(_FOLDER_PREFIX) :].split("-", 1)[0]
+                owner_alive = False
+                if pid_text.isdigit():
+                    with contextlib.suppress(psutil.Error):
+                        owner = psutil.Process(int(pid_text))
+                        owner_alive = owner.create_time() <= folder.stat().st_mtime + 1
+                if not owner_alive:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+    return removed
+
+
+def _home_problem() -> str | None:
+    """Why Jupyter could not keep its files under HOME, in one sentence, or None."""
+    home = os.environ.get("HOME")
+    if home and os.path.exists(home) and not os.path.isdir(home):
+        return (
+            f"HOME is {home!r}, which is a file, not a folder: Jupyter keeps its settings "
+            "there; point HOME at your home folder (e.g. export HOME=~) and retry"
+        )
+    return None
 
 
 def _listens(pid: int, port: int) -> bool:
@@ -122,12 +165,17 @@ def _listens(pid: int, port: int) -> bool:
     return False
 
 
-def _status_code(port: int, token: str | None) -> int | None:
-    """HTTP status of ``/api/status`` on our port, with or without the token (no proxy)."""
-    request = urllib.request.Request(f"http://{HOST}:{port}/api/status")
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # a redirect is an answer, not a way on
+        return None
+
+
+def _status_code(port: int, token: str | None, path: str = "/api/status") -> int | None:
+    """HTTP status of ``path`` on our port, with or without the token (no proxy, no redirect)."""
+    request = urllib.request.Request(f"http://{HOST}:{port}{path}")
     if token:
         request.add_header("Authorization", f"token {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
     try:
         with opener.open(request, timeout=_HTTP_TIMEOUT_S) as response:
             return int(response.status)
@@ -147,15 +195,28 @@ def _wait_until_ready(child: subprocess.Popen, port: int, token: str) -> str | N
                 "its messages are above"
             )
         if _listens(child.pid, port):
-            without = _status_code(port, None)
-            if without == 200:
+            # With our token first: a server that accepts it answers 200, which it logs only at
+            # debug level; a refused request would be a warning in the learner's terminal.
+            with_ours = _status_code(port, token)
+            if with_ours in (401, 403):
                 return (
-                    "your Jupyter configuration turns the token off (c.ServerApp.token = '' or "
-                    "c.IdentityProvider.token = ''), so anyone on this machine could use this lab: "
-                    "remove that line (see `jupyter --paths` for where the files are)"
+                    "your Jupyter configuration sets a token of its own (c.IdentityProvider.token "
+                    "= '...' or c.ServerApp.token = '...'), which replaces the one made here, so "
+                    "this lab cannot tell you its address: remove that line (see `jupyter --paths` "
+                    "for where the files are)"
                 )
-            if without in (401, 403) and _status_code(port, token) == 200:
-                return None
+            if with_ours == 200:
+                # Does it refuse a stranger? Its login page answers 200 when it asks who you are,
+                # and redirects (302) straight in when the token is off.
+                login = _status_code(port, None, "/login")
+                if login == 200:
+                    return None
+                if login is not None:
+                    return (
+                        "your Jupyter configuration turns the token off (c.ServerApp.token = '' "
+                        "or c.IdentityProvider.token = ''), so anyone on this machine could use "
+                        "this lab: remove that line (see `jupyter --paths` for where the files are)"
+                    )
         time.sleep(0.25)
     return f"JupyterLab was not ready after {_READY_TIMEOUT_S:.0f} s; its messages are above"
 
@@ -183,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"lab: {exc}", file=sys.stderr)
         return 2
+    problem = _home_problem()
+    if problem:
+        print(f"lab: {problem}", file=sys.stderr)
+        return 2
     if not Path(args.notebook_dir).is_dir():
         print(
             f"lab: no folder {args.notebook_dir!r}; run this from the repository root",
@@ -197,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    _remove_stale_token_folders()
     token = secrets.token_hex(24)
     token_file = _write_token_file(token)
     env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}  # it would win over ours
