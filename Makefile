@@ -68,7 +68,7 @@ execute: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py --cpu --inplace $(NOTEBOOKS)
 
 # Here (with PyPI): fetch into .whl/ every wheel the GPU machine lacks (tools/gpu_wheels.txt,
-# CPython 3.12, manylinux x86_64; about 17 MiB). Then run the check there: docs/results/README.md.
+# CPython 3.12, manylinux x86_64; about 18 MiB). Then run the check there: docs/results/README.md.
 gpu-wheels: $(STAMP)
 	$(BIN)/python tools/gpu_wheels.py download
 
