@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels lock clean browser-deps bench
+.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -68,7 +68,7 @@ execute: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py --cpu --inplace $(NOTEBOOKS)
 
 # Here (with PyPI): fetch into .whl/ every wheel the GPU machine lacks (tools/gpu_wheels.txt,
-# CPython 3.12, manylinux x86_64; about 17 MiB). Then run the check there: docs/results/README.md.
+# CPython 3.12, manylinux x86_64; about 18 MiB). Then run the check there: docs/results/README.md.
 gpu-wheels: $(STAMP)
 	$(BIN)/python tools/gpu_wheels.py download
 
@@ -80,6 +80,17 @@ GPU_PYTHON ?= python3
 OUT ?= artifacts/gpu-check
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py --out "$(OUT)" $(GPU_CHECK_ARGS)
+
+# Another torch than the pin: a virtualenv of its own in .venvs/ (git-ignored; a CUDA build from
+# PyPI is several GB) with torch==$(TORCH) and the other pins, then the torch API check, every
+# notebook top to bottom (nothing compared; every check cell must pass) and make test's unit
+# tests. TORCH defaults to the floor pyproject promises; TORCH_PYTHON=python3.12 (for example) for
+# another interpreter; TORCH_CHECK_ARGS=--nbval also lists the cells strict nbval flags. Results
+# (per phase and per notebook) into artifacts/torch-check/.
+TORCH ?= 2.11.0
+TORCH_PYTHON ?= $(PYTHON)
+torch-check:
+	$(PYTHON) tools/torch_check.py --torch $(TORCH) --python $(TORCH_PYTHON) $(TORCH_CHECK_ARGS)
 
 # Accuracy and cost measurements (they print tables; not part of make test), then the GPU
 # benchmarks on whatever device is here (JSON and markdown into artifacts/bench/).

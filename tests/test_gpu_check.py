@@ -219,3 +219,37 @@ time.sleep(60)
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert len(files) == 3 and files[1].endswith(".json")
     assert "stopped by signal 15" in (tmp_path / "out" / files[1]).read_text()
+
+
+def test_without_jupyterlab_every_test_that_serves_a_lab_is_left_out():
+    # before: tests/test_faults.py's lab-token test ran there and failed with served: False
+    cmd, skipped = gpu_check.unit_test_command("SITE", 6, found=lambda m, _p: m != "jupyterlab")
+    lab = "tests/test_faults.py::test_lab_token_is_in_no_command_line"
+    assert cmd[cmd.index(lab) - 1] == "--deselect"
+    assert f"{lab} (needs jupyterlab)" in skipped
+    assert "tests/test_lab.py" in cmd and all("(needs jupyterlab)" in s for s in skipped)
+
+
+def test_xdist_is_looked_for_where_the_wheels_are():
+    # before: the check asked its own process, which lacks the wheels' folder, so a machine
+    # without pytest-xdist of its own ran the unit tests serially though the wheel travelled
+    asked = []
+
+    def found(module, pythonpath):
+        asked.append((module, pythonpath))
+        return module == "xdist"
+
+    cmd, _ = gpu_check.unit_test_command("/tmp/site:src", 6, found)
+    assert ("xdist", "/tmp/site:src") in asked
+    assert cmd[cmd.index("-n") : cmd.index("-n") + 4] == ["-n", "6", "--dist", "loadfile"]
+    cmd, _ = gpu_check.unit_test_command("/tmp/site:src", 6, lambda m, p: False)
+    assert "-n" not in cmd
+
+
+def test_every_test_left_out_without_its_module_exists():
+    # a renamed test would silently run (and fail) on the GPU machine again
+    for tests in gpu_check.DEV_ONLY_TESTS.values():
+        for test in tests:
+            path, _, name = test.partition("::")
+            assert (ROOT / path).is_file(), test
+            assert not name or f"def {name}(" in (ROOT / path).read_text(), test

@@ -36,9 +36,21 @@ def test_nothing_travels_that_the_target_has():
     assert not set(gpu_wheels.read_lock()) & gpu_wheels.ON_TARGET
 
 
-def test_the_runner_and_the_package_dependencies_are_the_roots():
+def test_the_runners_and_the_package_dependencies_are_the_roots():
     roots = gpu_wheels.needed()
     assert {"nbclient", "nbformat", "ipykernel", "ipywidgets", "gputil", "torch"} <= set(roots)
+    # the unit tests: without xdist they run serially, without pytest-timeout its option warns
+    assert {"pytest", "pytest-xdist", "pytest-timeout", "hypothesis"} <= set(roots)
+
+
+def test_the_target_is_counted_on_for_nothing_it_does_not_bring():
+    # before: attrs, hypothesis, pytest-xdist and pytest-timeout were counted on, so a machine
+    # with only what docs/results/README.md names was refused ("jsonschema needs attrs>=22.2.0")
+    brought = gpu_wheels.closure(list(gpu_wheels.TARGET), stop=frozenset())
+    assert set(gpu_wheels.TARGET) <= gpu_wheels.ON_TARGET
+    assert gpu_wheels.ON_TARGET <= set(brought), sorted(gpu_wheels.ON_TARGET - set(brought))
+    text = (ROOT / "docs" / "results" / "README.md").read_text()
+    assert "numpy, matplotlib, psutil, nvidia-ml-py and pytest" in " ".join(text.split())
 
 
 def test_check_names_what_is_missing_extra_or_doubled(tmp_path):

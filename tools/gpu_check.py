@@ -38,6 +38,7 @@ import tarfile
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,6 +59,7 @@ DEV_ONLY_TESTS = {
         "tests/test_lab.py",
         "tests/test_doctor.py::test_require_exit_codes",  # `--require widgets` wants JupyterLab
         "tests/test_doctor.py::test_cli_end_to_end",
+        "tests/test_faults.py::test_lab_token_is_in_no_command_line",  # serves a real lab
     ],
     "nbclient": [
         "tests/test_gauges.py::test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs"
@@ -312,21 +314,30 @@ def notebooks(check: Check, names: list[Path], workers: int, reserve: float) -> 
         list(pool.map(one, names))
 
 
-def unit_tests(check: Check, reserve: float, workers: int) -> None:
+def unit_test_command(
+    pythonpath: str, workers: int, found: Callable[[str, str], bool] | None = None
+) -> tuple[list[str], list[str]]:
+    """The pytest command for this machine, and the tests it leaves out (with what they need).
+
+    ``found(module, pythonpath)`` says whether a module imports with the wheels' folder on the
+    path: the check's own process does not have that folder, so it must not ask itself."""
+    found = found or _module_found
     cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"]
     cmd += ["-m", "not browser", "-o", "addopts="]
     skipped = []
-    import importlib.util
-
-    site_env = check.env.get("PYTHONPATH", "")
     for module, tests in DEV_ONLY_TESTS.items():
-        if _module_found(module, site_env):
+        if found(module, pythonpath):
             continue
         for test in tests:
             cmd += ["--deselect" if "::" in test else "--ignore", test]
             skipped.append(f"{test} (needs {module})")
-    if importlib.util.find_spec("xdist") is not None and workers > 1:
+    if workers > 1 and found("xdist", pythonpath):
         cmd += ["-n", str(workers), "--dist", "loadfile"]
+    return cmd, skipped
+
+
+def unit_tests(check: Check, reserve: float, workers: int) -> None:
+    cmd, skipped = unit_test_command(check.env.get("PYTHONPATH", ""), workers)
     started = time.monotonic()
     rc, log = check.child("unit-tests", cmd, check.left(reserve))
     tail = [line for line in log.strip().splitlines() if line.strip()][-1:] or [""]

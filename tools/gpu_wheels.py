@@ -1,22 +1,25 @@
 """The wheels the GPU machine lacks: fetch them here (``make gpu-wheels``), check them anywhere.
 
-The GPU machine we validate on (one NVIDIA H200) has Python 3.12, its own CUDA build of torch,
-numpy, matplotlib, psutil, nvidia-ml-py, pytest and hypothesis, but no Jupyter stack, no GPUtil
-and no network. ``make gpu-check`` runs there, so everything else it needs travels with the
-working tree as wheels in ``.whl/`` (git-ignored), installed there with ``--no-index``.
+``make gpu-check`` assumes only this of the machine it runs on (``TARGET``): Python 3.12, its own
+build of torch, numpy, matplotlib, psutil, nvidia-ml-py and pytest, each with what it needs, and
+no network. The machine we validate on (one NVIDIA H200) has more (hypothesis, attrs,
+pytest-xdist, ...), but nothing more is counted on: everything else the check needs travels with
+the working tree as wheels in ``.whl/`` (git-ignored), installed there with ``--no-index`` into a
+folder of its own that comes first on the path.
 
 Three lists decide what travels; all of them live in this file or beside it:
 
 * ``NEEDED``: what the check imports on top of torch: the package's own dependencies
-  (``pyproject.toml``) and the notebook runner (nbclient, nbformat, ipykernel).
-* ``ON_TARGET``: what that machine already has (as read there, 2026-11-17). A wheel of one of
-  these must *not* travel: two versions of one package stop the whole install.
+  (``pyproject.toml``), the notebook runner (nbclient, nbformat, ipykernel) and the unit tests'
+  runner (pytest with pytest-xdist, pytest-timeout and hypothesis).
+* ``ON_TARGET``: ``TARGET`` and what those packages need (read from their metadata). A wheel of
+  one of these does not travel: the machine's own build is the one to test (torch above all).
 * ``tools/gpu_wheels.txt``: the wheels that travel, pinned to ``constraints.txt``'s versions.
 
 ``tests/test_gpu_wheels.py`` checks in CI that the dependency closure of ``NEEDED`` (read
 from the installed packages' metadata, markers evaluated for Python 3.12 on Linux x86_64) is
-covered by ``gpu_wheels.txt`` plus ``ON_TARGET``: a missing wheel fails a unit test here, not
-the GPU run there.
+covered by ``gpu_wheels.txt`` plus ``ON_TARGET``, and that ``ON_TARGET`` holds nothing that
+``TARGET`` does not bring: a missing wheel fails a unit test here, not the GPU run there.
 
     python tools/gpu_wheels.py download        # fetch every wheel into .whl/ (needs PyPI)
     python tools/gpu_wheels.py check           # .whl/ holds exactly the listed wheels
@@ -58,21 +61,19 @@ TARGET_MARKERS = {
     "extra": "",
 }
 RUNNER = ("nbclient", "nbformat", "ipykernel")
-# Packages the GPU machine already has (KINDS.md of the device tool, read there 2026-11-17),
-# limited to names that can appear in our closure. Normalized names (PEP 503).
+# The unit tests: pytest's plugins that pyproject's settings use (-n, timeout) and hypothesis.
+TEST_RUNNER = ("pytest", "pytest-xdist", "pytest-timeout", "hypothesis")
+# All the check assumes of the GPU machine (docs/results/README.md says the same).
+TARGET = ("torch", "numpy", "matplotlib", "psutil", "nvidia-ml-py", "pytest")
+# TARGET and what it needs, limited to names that can appear in our closure (PEP 503 names).
+# tests/test_gpu_wheels.py checks that each is TARGET or needed by it.
 ON_TARGET = frozenset(
     {
-        "anyio",
-        "attrs",
-        "certifi",
-        "charset-normalizer",
         "contourpy",
         "cycler",
         "filelock",
         "fonttools",
         "fsspec",
-        "hypothesis",
-        "idna",
         "iniconfig",
         "jinja2",
         "kiwisolver",
@@ -89,19 +90,11 @@ ON_TARGET = frozenset(
         "pygments",
         "pyparsing",
         "pytest",
-        "pytest-timeout",
-        "pytest-xdist",
-        "execnet",
         "python-dateutil",
-        "pyyaml",
-        "requests",
         "setuptools",
-        "six",
-        "sortedcontainers",
         "sympy",
         "torch",
         "typing-extensions",
-        "urllib3",
     }
 )
 
@@ -136,17 +129,18 @@ def read_constraints(path: Path = ROOT / "constraints.txt") -> dict[str, str]:
 
 
 def needed() -> list[str]:
-    """The roots: pyproject's dependencies (their names) and the notebook runner."""
+    """The roots: pyproject's dependencies (their names), the notebook and the test runners."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=!~;\[ ]", dep, maxsplit=1)[0] for dep in project["dependencies"]]
-    return sorted({normalize(n) for n in (*names, *RUNNER)})
+    return sorted({normalize(n) for n in (*names, *RUNNER, *TEST_RUNNER)})
 
 
-def closure(roots: list[str]) -> dict[str, str]:
+def closure(roots: list[str], stop: frozenset[str] = ON_TARGET) -> dict[str, str]:
     """``{package: who needs it}`` for every distribution the roots need on the target,
-    read from the metadata of the packages installed here (``.venv``, the tested pins)."""
+    read from the metadata of the packages installed here (``.venv``, the tested pins).
+    The walk does not go below a package in ``stop`` (installed there with its own needs)."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -158,7 +152,7 @@ def closure(roots: list[str]) -> dict[str, str]:
         if name in seen:
             continue
         seen[name] = parent
-        if name in ON_TARGET:
+        if name in stop:
             continue  # installed there with its own dependencies (torch: its own CUDA build)
         try:
             requires = metadata.requires(name) or []
