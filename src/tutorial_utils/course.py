@@ -31,6 +31,7 @@ MINUTES: dict[str, int] = {
     "05_out_of_memory.ipynb": 90,
     "06_mixed_precision_and_cudnn.ipynb": 75,
     "07_capstone_make_it_fit.ipynb": 55,
+    "08_sharding.ipynb": 20,
 }
 # END MINUTES
 
@@ -91,6 +92,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Capstone: make it fit",
         MINUTES["07_capstone_make_it_fit.ipynb"],
         "CPU (budget), 1 GPU",
+    ),
+    Notebook(
+        "08_sharding.ipynb",
+        "Sharding: ZeRO, FSDP2, tensor and sequence parallelism",
+        MINUTES["08_sharding.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL)",
     ),
 )
 
