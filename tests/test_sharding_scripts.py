@@ -67,3 +67,34 @@ def test_zero_stages_train_like_one_process(zero):
                 assert run["grad_rel_gap"] < 1e-6 and run["max_diff"] < 1e-5, setup
         assert zero[rank]["ZeRO-2"]["gathered_between_fwd_bwd"] == 4 * PSI
         assert zero[rank]["ZeRO-3"]["gathered_between_fwd_bwd"] == 0
+
+
+@pytest.fixture(scope="module")
+def tp():
+    result = launch(SCRIPTS / "tensor_parallel.py", nproc=2, timeout=300, echo=None)
+    return result.reports
+
+
+@pytest.mark.slow
+def test_tensor_parallel_equals_one_process_with_half_the_weights(tp):
+    for rep in tp.values():
+        full = rep["single"]["params"]
+        for name in ("TP", "TP, q k v each", "TP+SP"):
+            run = rep[name]
+            assert run["forward_gap"] < 1e-5 and run["grad_gap"] < 1e-5, name
+            assert run["params"] == full - 4 * run["split_numel"] // 2, name
+        assert rep["TP"]["forward_comm"] == rep["TP"]["backward_comm"] == {"all_reduce": 2}
+        assert rep["TP, q k v each"]["backward_comm"] == {"all_reduce": 4}
+        sp = {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+        assert rep["TP+SP"]["forward_comm"] == rep["TP+SP"]["backward_comm"] == sp
+
+
+@pytest.mark.slow
+def test_activations_saved_per_rank_follow_the_adapted_formulas(tp):
+    s, b, h, a, t = 64, 2, 64, 4, 2
+    sbh, sb = s * b * h, s * b
+    for rep in tp.values():
+        assert rep["single"]["saved"] == sbh * (64 + 4 * a * s // h) + 16 * sb
+        assert rep["TP"]["saved"] == sbh * (16 + 48 // t) + 4 * a * s * s * b // t + 16 * sb
+        # PyTorch's SP saves the gathered inputs of the column-split Linears (8sbh replicated)
+        assert rep["TP+SP"]["saved"] == sbh // t * (56 + 4 * a * s // h) + 8 * sbh + 16 * sb // t
