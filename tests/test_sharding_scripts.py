@@ -98,3 +98,32 @@ def test_activations_saved_per_rank_follow_the_adapted_formulas(tp):
         assert rep["TP"]["saved"] == sbh * (16 + 48 // t) + 4 * a * s * s * b // t + 16 * sb
         # PyTorch's SP saves the gathered inputs of the column-split Linears (8sbh replicated)
         assert rep["TP+SP"]["saved"] == sbh // t * (56 + 4 * a * s // h) + 8 * sbh + 16 * sb // t
+
+
+@pytest.mark.slow
+def test_fsdp_depth_prefetch_clip_checkpoint_offload(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    result = launch(
+        SCRIPTS / "fsdp_depth.py", 2, ["--checkpoint-dir", str(tmp_path)], 300, echo=None
+    )
+    for rep in result.reports.values():
+        order = rep["prefetching"]
+        assert order["default"] == ["AG", "F0", "AG", "F1", "AG", "F2", "AG", "F3"]
+        assert order["prefetch"] == ["AG", "AG", "F0", "AG", "F1", "AG", "F2", "F3"]
+        clip = rep["clipping"]
+        assert clip["norm_type"] == "DTensor" and clip["norm"] > clip["max_norm"]
+        assert abs(clip["norm"] - clip["ref_norm"]) < 1e-5 * clip["ref_norm"]
+        assert clip["clipped_grad_gap"] < 1e-7
+        off = rep["offload"]
+        assert off["param_device"] == off["grad_device"] == off["state_device"] == "cpu"
+        if not torch.cuda.is_available():  # pinned memory needs an accelerator
+            assert "accelerator" in off["default_error"]
+    # 2 shards saved, loaded whole in this one process
+    expected = torch.load(tmp_path / "expected_full_weights.pt")
+    state = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        dcp.load(state, checkpoint_id=str(tmp_path), no_dist=True)
+    for k, v in expected.items():
+        assert torch.equal(state["model"][k], v), k
