@@ -183,6 +183,8 @@ class Syllabus:
 
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
+#: The scale-out part, after the capstone: no syllabus below has room for it in the day.
+SCALE_OUT = ("08_sharding.ipynb",)
 IN_ROOM_EXERCISES = (
     "00_start_here.ipynb",
     "01_moving_tensors.ipynb",
@@ -200,7 +202,8 @@ SYLLABI: tuple[Syllabus, ...] = (
             Part("05_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
             Part("05_out_of_memory.ipynb", ("4.",), note="read the fixes together, run a few"),
         ),
-        "notebooks 01-04, 06 and 07, and every exercise (give them as homework)",
+        "notebooks 01-04, 06 and 07, and every exercise (give them as homework); the scale-out "
+        "notebook 08",
     ),
     Syllabus(
         "half a day (4 hours)",
@@ -211,14 +214,19 @@ SYLLABI: tuple[Syllabus, ...] = (
             Part("01_moving_tensors.ipynb", None),
             Part("05_out_of_memory.ipynb", None),
         ),
-        "notebooks 02-04, 06 and 07 (homework, in that order)",
+        "notebooks 02-04, 06 and 07 (homework, in that order); the scale-out notebook 08",
     ),
     Syllabus(
         "a full day (8.5 hours)",
         510,
         90,
-        tuple(Part(name, None, exercises=name in IN_ROOM_EXERCISES) for name in ALL),
-        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room)",
+        tuple(
+            Part(name, None, exercises=name in IN_ROOM_EXERCISES)
+            for name in ALL
+            if name not in SCALE_OUT
+        ),
+        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); the "
+        "scale-out notebook 08 (a second day)",
     ),
 )
 

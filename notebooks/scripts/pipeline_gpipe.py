@@ -1,4 +1,4 @@
-"""Pipeline a model over 2 processes with torch.distributed.pipelining (GPipe schedule).
+"""Pipeline a model over 2 processes with torch.distributed.pipelining: GPipe, then 1F1B.
 
     torchrun --standalone --nproc-per-node=2 pipeline_gpipe.py
 
@@ -6,18 +6,25 @@ Rank 0 holds the first half of the layers (stage 0), rank 1 the second half (sta
 batch is cut into micro-batches: while stage 1 works on micro-batch i, stage 0 already works
 on micro-batch i+1. Each rank checks its stage's gradients against one process doing the
 whole batch, and times a training step for each number of micro-batches.
+
+Then the same stages run ``ScheduleGPipe`` (every forward, then every backward) and
+``Schedule1F1B`` (after a warm-up, one forward then one backward) side by side, and each rank
+records the order of its stage's forwards and backwards and the bytes of activations autograd
+holds for them at the worst moment (a saved-tensor hook books each storage while some backward
+still needs it). torch.distributed.pipelining is an alpha API: its names may still change.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
 from common import log, report, setup, teardown
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 WIDTH, DEPTH, BATCH = 512, 8, 256
 
@@ -41,9 +48,101 @@ def batch(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
 
 
+class HeldActivations:
+    """Bytes of the tensors autograd saves for backward that are still held, and their peak.
+
+    Each saved tensor is wrapped in a small ``Saved`` object; autograd drops it when the backward
+    that needed it has run, and a weak-reference finalizer then un-books it. A tensor saved by
+    two operators (a Linear's input is the output the Tanh before it saves) is booked once, by
+    its own bytes (a micro-batch is a view into the batch's storage). Parameters (saved by
+    Linear for the input's gradient) are not activations and are left out.
+    """
+
+    def __init__(self, params) -> None:
+        self.params = {p.untyped_storage().data_ptr() for p in params}
+        self.count: dict[tuple[int, int], int] = {}
+        self.nbytes: dict[tuple[int, int], int] = {}
+        self.live = self.peak = 0
+
+    class Saved:
+        __slots__ = ("tensor", "__weakref__")
+
+        def __init__(self, tensor: torch.Tensor) -> None:
+            self.tensor = tensor
+
+    def _release(self, ptr: tuple[int, int]) -> None:
+        self.count[ptr] -= 1
+        if self.count[ptr] == 0:
+            self.live -= self.nbytes.pop(ptr)
+            del self.count[ptr]
+
+    def pack(self, tensor: torch.Tensor):
+        if tensor.untyped_storage().data_ptr() in self.params:
+            return tensor
+        ptr = (tensor.data_ptr(), tensor.numel())
+        if ptr not in self.count:
+            self.count[ptr] = 0
+            self.nbytes[ptr] = tensor.numel() * tensor.element_size()
+            self.live += self.nbytes[ptr]
+            self.peak = max(self.peak, self.live)
+        self.count[ptr] += 1
+        saved = self.Saved(tensor)
+        weakref.finalize(saved, self._release, ptr)
+        return saved
+
+    @staticmethod
+    def unpack(saved):
+        return saved.tensor if isinstance(saved, HeldActivations.Saved) else saved
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+def schedules(part: nn.Module, rank: int, world: int, device, x, y, m: int, ref_grads) -> dict:
+    """GPipe and 1F1B with ``m`` micro-batches: order of work and peak activations per stage."""
+    out = {}
+    for name, cls in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
+        stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
+        schedule = cls(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
+        order: list[str] = []
+
+        def record(mod, args, output, order=order):
+            i = sum(e.startswith("F") for e in order)
+            order.append(f"F{i}")
+            # the gradient of this output is the first thing the stage's backward computes
+            output.register_hook(lambda grad, i=i: order.append(f"B{i}"))
+
+        def step(schedule=schedule) -> None:
+            part.zero_grad()
+            dist.barrier()
+            if rank == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=y)
+
+        step()  # the first step also works out the shapes to send: not recorded
+        handle = part.register_forward_hook(record)
+        held = HeldActivations(part.parameters())
+        with held.hooks():
+            step()
+        handle.remove()
+        diff = max(
+            (p.grad - r).abs().max().item()
+            for p, r in zip(part.parameters(), ref_grads, strict=True)
+        )
+        out[name] = {
+            "order": order,
+            "peak_bytes": held.peak,
+            "left_bytes": held.live,
+            "max_grad_diff": diff,
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--compare", type=int, default=8, help="micro-batches for GPipe vs 1F1B")
     args = parser.parse_args()
     rank, world, device = setup()
     x, y = (t.to(device) for t in batch())
@@ -80,7 +179,9 @@ def main() -> None:
         )
         runs[m] = {"step_seconds": sorted(seconds[1:])[1], "max_grad_diff": diff}
         log(f"GPipe, {m} micro-batch(es): stage 0 gradients equal one process's: {diff < 1e-5}")
-    report({"rank": rank, "world": world, "runs": runs})
+    compared = schedules(part, rank, world, device, x, y, args.compare, ref_grads)
+    log(f"GPipe and 1F1B, {args.compare} micro-batches: ran, activations counted on each stage")
+    report({"rank": rank, "world": world, "runs": runs, "compare": compared, "m": args.compare})
     teardown()
 
 

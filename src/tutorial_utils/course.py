@@ -27,10 +27,11 @@ MINUTES: dict[str, int] = {
     "01_moving_tensors.ipynb": 70,
     "02_creating_tensors_on_the_right_device.ipynb": 45,
     "03_data_parallelism.ipynb": 60,
-    "04_model_parallelism.ipynb": 50,
+    "04_model_parallelism.ipynb": 55,
     "05_out_of_memory.ipynb": 90,
     "06_mixed_precision_and_cudnn.ipynb": 75,
     "07_capstone_make_it_fit.ipynb": 55,
+    "08_sharding.ipynb": 45,
 }
 # END MINUTES
 
@@ -91,6 +92,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Capstone: make it fit",
         MINUTES["07_capstone_make_it_fit.ipynb"],
         "CPU (budget), 1 GPU",
+    ),
+    Notebook(
+        "08_sharding.ipynb",
+        "Sharding: ZeRO, FSDP2, tensor and sequence parallelism",
+        MINUTES["08_sharding.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL)",
     ),
 )
 

@@ -1,0 +1,171 @@
+"""FSDP2 beyond the defaults: prefetching, gradient clipping, a checkpoint resharded, offloading.
+
+    torchrun --standalone --nproc-per-node=2 fsdp_depth.py --checkpoint-dir DIR
+
+1. Explicit prefetching: ``set_modules_to_forward_prefetch`` makes a layer's forward issue the
+   next layer's all-gather too, so it is on its way while this layer computes. Each rank
+   records the order in which all-gathers and layer forwards happen, with and without it.
+2. ``clip_grad_norm_`` on DTensor gradients: each rank holds a shard of every gradient, so the
+   norm must be reduced over the ranks; it equals one process's norm, and so do the clipped
+   gradients.
+3. Distributed checkpoint (``torch.distributed.checkpoint``): each rank saves its shards into
+   DIR; the notebook loads them into one unsharded model in one process (2 shards -> 1).
+4. ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in CPU memory
+   and the optimizer steps there. Each rank reports where its shards are.
+
+The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there
+are enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device;
+gloo on the CPU otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from common import log, report, setup, teardown
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+WIDTH, LAYERS, PER_RANK, MAX_NORM = 128, 4, 8, 0.1
+
+
+def build_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+
+
+def shard(model: nn.Sequential, mesh, **kwargs) -> nn.Sequential:
+    for layer in model:
+        fully_shard(layer, mesh=mesh, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)
+    return model
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def event_order(model: nn.Sequential, x: torch.Tensor) -> list[str]:
+    """'AG' for each all-gather FSDP issues, 'F<i>' when layer i's forward starts computing."""
+    events: list[str] = []
+    original = dist.all_gather_single
+
+    def counted(*args, **kwargs):
+        events.append("AG")
+        return original(*args, **kwargs)
+
+    handles = [
+        # registered after fully_shard's own hook, so it runs once FSDP has issued its gathers
+        layer.register_forward_pre_hook(lambda mod, args, i=i: events.append(f"F{i}"))
+        for i, layer in enumerate(model)
+    ]
+    dist.all_gather_single = counted  # FSDP2 calls it as dist.all_gather_single
+    try:
+        model(x)
+    finally:
+        dist.all_gather_single = original
+        for h in handles:
+            h.remove()
+    return events
+
+
+def prefetching(mesh, device, x) -> dict:
+    plain = shard(build_model().to(device), mesh)
+    ahead = shard(build_model().to(device), mesh)
+    for i in range(LAYERS - 1):  # each layer's forward also gathers the next layer
+        ahead[i].set_modules_to_forward_prefetch([ahead[i + 1]])
+    for i in range(1, LAYERS):  # and each backward the layer before, as FSDP2 does implicitly
+        ahead[i].set_modules_to_backward_prefetch([ahead[i - 1]])
+    return {"default": event_order(plain, x), "prefetch": event_order(ahead, x)}
+
+
+def clipping(mesh, device, x_all, y_all, mine) -> dict:
+    ref = build_model().to(device)
+    nn.functional.mse_loss(ref(x_all), y_all).backward()
+    ref_norm = nn.utils.clip_grad_norm_(ref.parameters(), MAX_NORM).item()
+    model = shard(build_model().to(device), mesh)
+    nn.functional.mse_loss(model(x_all[mine]), y_all[mine]).backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+    gap = max(
+        (full(p.grad) - q.grad).abs().max().item()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
+    )
+    after = torch.linalg.vector_norm(torch.stack([full(p.grad).norm() for p in model.parameters()]))
+    return {
+        "norm_type": type(norm).__name__,
+        "norm": full(norm).item(),  # the norm before clipping, over every rank's shards
+        "ref_norm": ref_norm,
+        "norm_after": after.item(),
+        "max_norm": MAX_NORM,
+        "clipped_grad_gap": gap,
+    }
+
+
+def checkpoint(mesh, device, x, y, folder: str) -> dict:
+    model = shard(build_model().to(device), mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=folder)  # each rank its shards
+    # What the one process that loads it must find: the full weights (a collective to gather).
+    weights = {k: full(v).detach().cpu() for k, v in model.state_dict().items()}
+    if dist.get_rank() == 0:
+        torch.save(weights, Path(folder) / "expected_full_weights.pt")
+    return {"local_shape": list(next(model.parameters()).to_local().shape)}
+
+
+def offload(mesh, device, x, y) -> dict:
+    out: dict = {}
+    try:  # the default pins the CPU shards (page-locked memory, for fast copies to a GPU)
+        shard(build_model().to(device), mesh, offload_policy=CPUOffloadPolicy())
+        out["default_error"] = None
+    except RuntimeError as err:  # pinning needs an accelerator: refused on a CPU-only machine
+        out["default_error"] = str(err).splitlines()[0]
+    pin = device.type == "cuda"
+    model = shard(build_model().to(device), mesh, offload_policy=CPUOffloadPolicy(pin_memory=pin))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    p = next(model.parameters())
+    out.update(
+        {
+            "pin_memory": pin,
+            "param_device": str(p.to_local().device),
+            "grad_device": str(p.grad.to_local().device),
+            "state_device": str(opt.state[p]["exp_avg"].to_local().device),
+        }
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint-dir", required=True, help="a folder every rank can write")
+    args = parser.parse_args()
+    rank, world, device = setup()
+    mesh = init_device_mesh(device.type, (world,))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(PER_RANK * world, WIDTH, generator=g).to(device)
+    y = torch.randn(PER_RANK * world, WIDTH, generator=g).to(device)
+    mine = slice(PER_RANK * rank, PER_RANK * (rank + 1))
+    out = {
+        "prefetching": prefetching(mesh, device, x[mine]),
+        "clipping": clipping(mesh, device, x, y, mine),
+        "checkpoint": checkpoint(mesh, device, x[mine], y[mine], args.checkpoint_dir),
+        "offload": offload(mesh, device, x[mine], y[mine]),
+    }
+    clip = out["clipping"]
+    same = abs(clip["norm"] - clip["ref_norm"]) < 1e-5
+    log(f"clip_grad_norm_ on DTensors equals one process's: {same}")
+    report({"rank": rank, "world": world, **out})
+    teardown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Pins what notebook 08 relies on from FSDP2, ZeroRedundancyOptimizer and DTensor on gloo.
+
+FSDP2 on gloo has sharp edges (pytorch#132471: a segfault); these launches fail loudly if a torch
+upgrade changes what the notebook's scripts measure: the bytes each rank holds, the collectives
+FSDP2 calls (``all_gather_single``, ``reduce_scatter_single``, bf16 included), the partition of
+``ZeroRedundancyOptimizer``, and the equality of every setup with one process. Each test is one
+torchrun launch of 2 CPU ranks (10-30 s): marked slow, run by ``make test-all``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tutorial_utils.distributed import launch
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+PSI = 3 * (256 * 256 + 256)  # zero_stages.py's model: 3 x Linear(256, 256)
+TENSORS = 6
+
+
+@pytest.fixture(scope="module")
+def zero():
+    result = launch(SCRIPTS / "zero_stages.py", nproc=2, timeout=300, echo=None)
+    return {rank: rep["results"] for rank, rep in result.reports.items()}
+
+
+@pytest.mark.slow
+def test_zero_stages_bytes_per_rank_are_the_exact_formulas(zero):
+    for rank in (0, 1):
+        ddp, z1 = zero[rank]["DDP"], zero[rank]["ZeRO-1"]
+        assert (ddp["params_at_rest"], ddp["grads"]) == (4 * PSI, 4 * PSI)
+        assert ddp["optimizer_state"] == 8 * PSI + 4 * TENSORS  # m, v and a 0-d step per tensor
+        assert z1["optimizer_state"] == 8 * z1["owned_numel"] + 4 * z1["owned_tensors"]
+        for setup in ("ZeRO-2", "ZeRO-3", "ZeRO-3 bf16"):
+            run = zero[rank][setup]
+            assert run["params_at_rest"] == run["grads"] == 4 * PSI // 2, setup
+            assert run["optimizer_state"] == 8 * PSI // 2 + 4 * TENSORS, setup
+    # ZeroRedundancyOptimizer: whole parameters, largest first, to the emptiest rank
+    assert zero[0]["ZeRO-1"]["owned"] == ["0.weight", "4.weight"]
+    assert zero[1]["ZeRO-1"]["owned_numel"] == 65536 + 3 * 256
+
+
+@pytest.mark.slow
+def test_zero_stages_communication_per_step(zero):
+    def weighted(setup):
+        return {zero[r][setup]["comm"]["weighted_bytes"] for r in (0, 1)}
+
+    assert weighted("DDP") == weighted("ZeRO-2") == {8 * PSI}  # 2 Psi of fp32
+    assert weighted("ZeRO-1") == weighted("ZeRO-3") == {12 * PSI}  # 3 Psi
+    assert weighted("ZeRO-3 bf16") == {8 * PSI}  # bf16 all-gathers, fp32 reduce-scatter
+    fsdp = zero[0]["ZeRO-3"]["comm"]["by_collective"]
+    assert set(fsdp) == {"all_gather_single", "reduce_scatter_single"}
+    assert fsdp["all_gather_single"]["calls"] == 6 and fsdp["reduce_scatter_single"]["calls"] == 3
+
+
+@pytest.mark.slow
+def test_zero_stages_train_like_one_process(zero):
+    for rank in (0, 1):
+        for setup, run in zero[rank].items():
+            if setup.endswith("bf16"):
+                assert run["compute_dtype"] == "torch.bfloat16"
+                assert run["grad_dtype"] == "torch.float32"
+                assert run["grad_rel_gap"] < 2e-2
+            else:
+                assert run["grad_rel_gap"] < 1e-6 and run["max_diff"] < 1e-5, setup
+        assert zero[rank]["ZeRO-2"]["gathered_between_fwd_bwd"] == 4 * PSI
+        assert zero[rank]["ZeRO-3"]["gathered_between_fwd_bwd"] == 0
+
+
+@pytest.fixture(scope="module")
+def tp():
+    result = launch(SCRIPTS / "tensor_parallel.py", nproc=2, timeout=300, echo=None)
+    return result.reports
+
+
+@pytest.mark.slow
+def test_tensor_parallel_equals_one_process_with_half_the_weights(tp):
+    for rep in tp.values():
+        full = rep["single"]["params"]
+        for name in ("TP", "TP, q k v each", "TP+SP"):
+            run = rep[name]
+            assert run["forward_gap"] < 1e-5 and run["grad_gap"] < 1e-5, name
+            assert run["params"] == full - 4 * run["split_numel"] // 2, name
+        assert rep["TP"]["forward_comm"] == rep["TP"]["backward_comm"] == {"all_reduce": 2}
+        assert rep["TP, q k v each"]["backward_comm"] == {"all_reduce": 4}
+        sp = {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+        assert rep["TP+SP"]["forward_comm"] == rep["TP+SP"]["backward_comm"] == sp
+
+
+@pytest.mark.slow
+def test_activations_saved_per_rank_follow_the_adapted_formulas(tp):
+    s, b, h, a, t = 64, 2, 64, 4, 2
+    sbh, sb = s * b * h, s * b
+    for rep in tp.values():
+        assert rep["single"]["saved"] == sbh * (64 + 4 * a * s // h) + 16 * sb
+        assert rep["TP"]["saved"] == sbh * (16 + 48 // t) + 4 * a * s * s * b // t + 16 * sb
+        # PyTorch's SP saves the gathered inputs of the column-split Linears (8sbh replicated)
+        assert rep["TP+SP"]["saved"] == sbh // t * (56 + 4 * a * s // h) + 8 * sbh + 16 * sb // t
+
+
+@pytest.mark.slow
+def test_fsdp_depth_prefetch_clip_checkpoint_offload(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    result = launch(
+        SCRIPTS / "fsdp_depth.py", 2, ["--checkpoint-dir", str(tmp_path)], 300, echo=None
+    )
+    for rep in result.reports.values():
+        order = rep["prefetching"]
+        assert order["default"] == ["AG", "F0", "AG", "F1", "AG", "F2", "AG", "F3"]
+        assert order["prefetch"] == ["AG", "AG", "F0", "AG", "F1", "AG", "F2", "F3"]
+        clip = rep["clipping"]
+        assert clip["norm_type"] == "DTensor" and clip["norm"] > clip["max_norm"]
+        assert abs(clip["norm"] - clip["ref_norm"]) < 1e-5 * clip["ref_norm"]
+        assert clip["clipped_grad_gap"] < 1e-7
+        off = rep["offload"]
+        assert off["param_device"] == off["grad_device"] == off["state_device"] == "cpu"
+        if not torch.cuda.is_available():  # pinned memory needs an accelerator
+            assert "accelerator" in off["default_error"]
+    # 2 shards saved, loaded whole in this one process
+    expected = torch.load(tmp_path / "expected_full_weights.pt")
+    state = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        dcp.load(state, checkpoint_id=str(tmp_path), no_dist=True)
+    for k, v in expected.items():
+        assert torch.equal(state["model"][k], v), k
