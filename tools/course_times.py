@@ -217,8 +217,16 @@ SYLLABI: tuple[Syllabus, ...] = (
         "a full day (8.5 hours)",
         510,
         90,
-        tuple(Part(name, None, exercises=name in IN_ROOM_EXERCISES) for name in ALL),
-        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room)",
+        tuple(
+            # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs
+            # root and a terminal: reading, or a demo from the instructor's screen
+            Part(name, ("Intro", "1.", "2.", "4.", "Summary", "Further"), exercises=False)
+            if name == "03_data_parallelism.ipynb"
+            else Part(name, None, exercises=name in IN_ROOM_EXERCISES)
+            for name in ALL
+        ),
+        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); "
+        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`)",
     ),
 )
 
