@@ -70,22 +70,25 @@ def job_dir(tmp_path):
     return folder
 
 
-def job_env(up: slurm.Cluster, folder: Path) -> dict[str, str]:
+def job_env(up: slurm.Cluster, folder: Path, reports: Path | None = None) -> dict[str, str]:
     env = up.env()
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])  # torchrun
-    env["TUTORIAL_REPORT_DIR"] = str(folder / "reports")
+    env["TUTORIAL_REPORT_DIR"] = str(reports or folder / "reports")
     env["OMP_NUM_THREADS"] = "1"
     env.pop("SLURM_JOB_ID", None)
     return env
 
 
-def submit(up, folder, *args: str, wait: bool = False, timeout_s: float = 300) -> tuple[int, int]:
-    """sbatch the script in ``folder``; (job id, sbatch's exit status)."""
+def submit(
+    up, folder, *args: str, wait: bool = False, timeout_s: float = 300, reports: Path | None = None
+) -> tuple[int, int]:
+    """sbatch the script in ``folder``; (job id, sbatch's exit status). Jobs that may run at the
+    same time need ``reports`` folders of their own (each rank writes rank<R>.json there)."""
     cmd = ["sbatch", "--parsable", *(["--wait"] if wait else []), *CPU_CLUSTER]
     done = subprocess.run(
         [*cmd, "slurm_ddp.sbatch", *args],
         cwd=folder,
-        env=job_env(up, folder),
+        env=job_env(up, folder, reports),
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -323,7 +326,10 @@ def test_two_torchrun_agents_side_by_side_train_like_one_process(tmp_path, job_d
 
 def test_twenty_two_node_jobs_end_without_an_abort(cluster, job_dir):
     """The 2-node job, 20 times: every run ends with exit 0 and no rank aborts at exit."""
-    jobs = [submit(cluster, job_dir)[0] for _ in range(20)]  # the script's own default job
+    jobs = []
+    for k in range(20):  # the script's own default job; two may run at once (2 CPUs a node)
+        (job_dir / "reports" / str(k)).mkdir()
+        jobs.append(submit(cluster, job_dir, reports=job_dir / "reports" / str(k))[0])
     done = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
     wait_for(lambda: all(job_field(cluster, j, "JobState") in done for j in jobs), 1200, "20 jobs")
     states = {j: job_field(cluster, j, "JobState") for j in jobs}
