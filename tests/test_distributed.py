@@ -312,3 +312,221 @@ def test_a_malformed_report_names_its_rank_and_keeps_the_others(tmp_path):
     assert reports == {0: {"rank": 0}}
     assert sorted(errors) == [1, 2]
     assert errors[1].startswith("rank 1 wrote a result file that is not valid JSON (")
+
+
+# ------------------------------------------------------------------ nothing outlives a launch
+
+# A rank starts a grandchild that detaches every way it can: a double fork (its parent exits at
+# once, so it is nobody's descendant), a session of its own, SIGTERM ignored, and an empty
+# environment (no mark of the launch). It writes its pid, then sleeps far past the test.
+DETACH = (
+    PREAMBLE
+    + """
+import subprocess
+code = (
+    "import os, signal, sys, time\\n"
+    "if os.fork():\\n"
+    "    os._exit(0)\\n"
+    "os.setsid()\\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "with open(sys.argv[1], 'w') as f:\\n"
+    "    f.write(str(os.getpid()))\\n"
+    "time.sleep(600)\\n"
+)
+if rank == 1:
+    orphan_file = sys.argv[2]
+    subprocess.run([sys.executable, "-c", code, orphan_file + ".tmp"], env={}, check=True)
+    while not os.path.exists(orphan_file + ".tmp"):
+        time.sleep(0.05)
+    os.replace(orphan_file + ".tmp", orphan_file)
+dist.barrier()
+if sys.argv[3] == "fail" and rank == 1:
+    raise SystemExit(3)
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outcome", ["success", "fail"])
+def test_a_detached_grandchild_that_ignores_sigterm_is_gone_when_launch_returns(tmp_path, outcome):
+    orphan_file = tmp_path / "orphan.pid"
+    args = [tmp_path / "pids.txt", orphan_file, outcome]
+    job = _script(tmp_path, DETACH)
+    if outcome == "success":
+        result = launch(job, nproc=2, args=args, timeout=120, echo=None)
+    else:
+        with pytest.raises(LaunchError, match="rank 1 exited with status 3") as info:
+            launch(job, nproc=2, args=args, timeout=120, echo=None)
+        result = info.value.result
+    orphan = int(orphan_file.read_text())
+    # Gone at once, not soon: stopped and reaped before launch returned.
+    assert not psutil.pid_exists(orphan), f"the detached grandchild {orphan} outlived launch"
+    _assert_no_survivors(tmp_path / "pids.txt", result.launcher_pid)
+
+
+# ------------------------------------------------------------------ what a launch keeps
+
+LOUD = (
+    PREAMBLE
+    + """
+for i in range(int(sys.argv[2])):
+    print(f"rank {rank} line {i}")
+print(f"rank {rank} last line")
+dist.barrier()
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.slow
+def test_output_is_capped_to_its_tail_with_a_count_of_what_was_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(distributed, "KEEP_LINES", 300)
+    result = launch(
+        _script(tmp_path, LOUD), nproc=2, args=[tmp_path / "pids.txt", 2000], timeout=120, echo=None
+    )
+    for rank in (0, 1):
+        kept = result.rank_output[rank]
+        assert len(kept) == 300 and kept[-1] == f"rank {rank} last line"
+        assert kept[0] == f"rank {rank} line {2000 - 299}"
+        assert result.dropped_lines[rank] == 2001 - 300
+    assert repr(result) == (
+        "LaunchResult(nproc=2, returncode=0, reports from ranks [], "
+        "3,402 lines of output dropped (the last 300 per rank kept))"
+    )
+
+
+def test_an_endless_line_keeps_its_start_and_says_how_much_was_cut():
+    import io
+    import queue
+    import threading
+
+    found: queue.Queue = queue.Queue()
+    text = "x" * 100_000 + "\nnext line\n" + "y" * 10
+    distributed._pump(io.StringIO(text), "stdout", found, threading.Event())
+    items = [found.get_nowait() for _ in range(found.qsize())]
+    cut = 100_000 - distributed.MAX_LINE_CHARS
+    assert items == [
+        ("stdout", "x" * distributed.MAX_LINE_CHARS + f" [... {cut:,} more characters cut]", True),
+        ("stdout", "next line", True),
+        ("stdout", "y" * 10, False),  # the last piece, without its newline
+        None,
+    ]
+
+
+def test_a_result_with_nothing_dropped_says_nothing_about_it():
+    result = LaunchResult(nproc=1, returncode=0, wall_seconds=0.0, dropped_lines={})
+    assert "dropped" not in repr(result)
+
+
+# ------------------------------------------------------------------ a crash after the result
+
+ABORT_AT_EXIT = (
+    PREAMBLE
+    + """
+report = os.path.join(os.environ["TUTORIAL_REPORT_DIR"], f"rank{rank}.json")
+with open(report, "w") as f:
+    json.dump({"rank": rank}, f)
+dist.barrier()
+if rank == 1:
+    os.abort()  # what the gloo race at interpreter exit did: SIGABRT after the work was done
+dist.destroy_process_group()
+"""
+)
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_after_writing_its_result_keeps_the_result(tmp_path):
+    lines: list[str] = []
+    result = launch(
+        _script(tmp_path, ABORT_AT_EXIT),
+        nproc=2,
+        args=[tmp_path / "pids.txt"],
+        timeout=120,
+        echo=lines.append,
+    )
+    assert result.reports == {0: {"rank": 0}, 1: {"rank": 1}}
+    assert result.returncode != 0 and not result.ok
+    assert result.exit_problem == "rank 1 was killed by SIGABRT after writing its result"
+    assert repr(result).endswith(
+        "reports from ranks [0, 1], rank 1 was killed by SIGABRT after writing its result)"
+    )
+    assert lines[-1] == (
+        "warning: rank 1 was killed by SIGABRT after writing its result (a crash at exit); "
+        "every rank's result is kept"
+    )
+    _assert_no_survivors(tmp_path / "pids.txt", result.launcher_pid)
+
+
+@pytest.mark.slow
+def test_the_ddp_checker_passes_a_correct_answer_whose_rank_crashed_at_exit(tmp_path):
+    from test_exercises_parallel import _reference_params
+
+    from tutorial_utils.exercises.parallel import check_ddp_script
+
+    scripts = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+    for name in ("ddp_exercise_solution.py", "ddp_train.py", "common.py"):
+        (tmp_path / name).write_text((scripts / name).read_text())
+    with open(tmp_path / "common.py", "a") as f:  # rank 1 aborts once its result is written
+        f.write(
+            "\n\ndef teardown():\n"
+            "    dist.barrier()\n"
+            "    if dist.get_rank() == 1:\n"
+            "        os.abort()\n"
+            "    dist.destroy_process_group()\n"
+        )
+    fb = check_ddp_script(tmp_path / "ddp_exercise_solution.py", _reference_params(), timeout=180)
+    assert fb.passed, str(fb)
+
+
+# ------------------------------------------------------------------ folders and arguments
+
+
+@pytest.mark.parametrize("name", ["queue.py", "signal.py", "concurrent.py", "concurrent"])
+def test_a_file_named_like_a_standard_module_next_to_the_script_is_refused(tmp_path, name):
+    script = _script(tmp_path, OK)
+    if name.endswith(".py"):
+        (tmp_path / name).write_text("print('I replace the real module')\n")
+    else:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    before = psutil.Process().children(recursive=True)
+    with pytest.raises(RuntimeError) as info:
+        launch(script, nproc=2, args=[tmp_path / "pids.txt"])
+    message = str(info.value)
+    assert str(tmp_path / name) in message and "rename it" in message and "\n" not in message
+    assert f"standard module '{name.removesuffix('.py')}'" in message
+    assert psutil.Process().children(recursive=True) == before  # nothing was started
+
+
+def test_a_file_named_like_a_standard_module_in_the_current_folder_is_refused(
+    tmp_path, monkeypatch
+):
+    # `python -m torch.distributed.run` puts the current folder first on sys.path: the notebook's
+    # own folder matters as much as the script's.
+    (tmp_path / "job").mkdir()
+    script = _script(tmp_path / "job", OK)
+    (tmp_path / "queue.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match=r"queue\.py has the name of Python's standard module"):
+        launch(script, nproc=2, args=[tmp_path / "pids.txt"])
+
+
+def test_the_course_scripts_shadow_no_standard_module():
+    scripts = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+    assert distributed._shadowing_file(scripts) is None
+    assert distributed._shadowing_file(scripts.parent) is None
+
+
+@pytest.mark.parametrize("script", [None, 3, b"job.py"])
+def test_a_script_that_is_not_a_path_is_one_sentence(script):
+    with pytest.raises(TypeError, match="script must be the path of a Python file") as info:
+        launch(script)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("port", [70000, 0, -1, "8080", True, None])
+def test_port_is_free_refuses_what_is_not_a_port_in_one_sentence(port):
+    with pytest.raises(ValueError, match="port must be a whole number from 1 to 65535") as info:
+        distributed.port_is_free(port)
+    assert "\n" not in str(info.value)

@@ -8,7 +8,8 @@ reach them); a port another job holds makes the rendezvous wait on a stranger. `
 the same thing as ``torchrun --standalone`` and handles those cases:
 
 * it checks its arguments first (a bad ``nproc``, ``timeout`` or port is one sentence, before
-  anything starts);
+  anything starts), and refuses a folder where a file is named like a standard-library module
+  (``queue.py`` next to the script would replace the real ``queue`` in every rank);
 * it picks a free port itself (``--rdzv-endpoint=127.0.0.1:PORT``, the single-node form of the
   multi-node command) and checks it just before starting: a busy rendezvous port does not fail,
   torchrun waits on whatever listens there, so the check is what keeps a busy port from hanging;
@@ -16,11 +17,20 @@ the same thing as ``torchrun --standalone`` and handles those cases:
   leaves without its newline stays that rank's (torchrun reads each rank's stdout and stderr
   separately, so lines of the two may swap places from one run to the next: a script whose
   output must be stable prints to one of them);
+* it keeps the last ``KEEP_LINES`` lines of each rank's output (``result.rank_output``) and
+  counts the ones it dropped (``result.dropped_lines``), so a rank that prints without end cannot
+  fill the notebook's memory; a line longer than ``MAX_LINE_CHARS`` is cut;
 * it collects what each rank reports (a rank writes JSON to ``$TUTORIAL_REPORT_DIR/rank<R>.json``;
   ``notebooks/scripts/common.py`` has a ``report()`` that does it); a malformed file is named,
   with its rank, in ``result.report_errors``, and the other ranks' reports are kept;
 * on failure or timeout it terminates torchrun and every worker, reaps them, and raises
-  ``LaunchError`` naming the failing rank and its last lines;
+  ``LaunchError`` naming the failing rank and its last lines; a rank that dies only after every
+  rank wrote its report (a crash at exit) does not lose the result: ``launch`` returns it, and
+  ``result.exit_problem`` says which rank died and how;
+* nothing the job started outlives ``launch``, however it detached: on Linux torchrun runs under
+  a child subreaper (``processes.contained``) that stops and reaps every process left below it,
+  and on every system the processes that carry this launch's mark in their environment are
+  stopped before ``launch`` returns;
 * if the notebook's process dies while the job runs (a kernel restart: SIGTERM or SIGKILL, no
   ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
   its temporary folder within a second or two.
@@ -52,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,11 +71,13 @@ from typing import Any
 
 import psutil
 
-from .processes import Watchdog, stop_tree, tied_to_parent
+from .processes import Watchdog, contained, stop_tree
 
 __all__ = [
+    "KEEP_LINES",
     "LaunchError",
     "LaunchResult",
+    "MAX_LINE_CHARS",
     "PortInUseError",
     "REPORT_DIR_ENV",
     "free_port",
@@ -75,6 +88,13 @@ __all__ = [
 
 #: Environment variable naming the folder where each rank writes ``rank<R>.json``.
 REPORT_DIR_ENV = "TUTORIAL_REPORT_DIR"
+#: Lines of each rank's output a result keeps (the last ones); the others are counted.
+KEEP_LINES = 10_000
+#: Characters of one line that are kept; the rest of a longer line is cut (and counted).
+MAX_LINE_CHARS = 16_384
+# Every process of a launch inherits this mark; whatever still carries it at the end is stopped.
+_MARK_ENV = "TUTORIAL_LAUNCH_MARK"
+_ORPHAN_GRACE_S = 2.0  # SIGTERM, then this long, then SIGKILL, for what a job leaves behind
 
 # torchrun puts this before every line it copies from a rank. Two control characters no script
 # prints, so a rank's line that arrives glued to another's (a line left without its newline)
@@ -127,6 +147,10 @@ class LaunchResult:
     command: list[str] = field(default_factory=list)  # exactly what ran
     launcher_pid: int | None = None  # torchrun's process id (gone once launch returns)
     report_errors: dict[int, str] = field(default_factory=dict)  # rank -> why its file was bad
+    dropped_lines: dict[int, int] = field(default_factory=dict)  # rank -> lines not kept
+    # Set when the job's exit status is not 0 although every rank wrote its report: which rank
+    # died after writing its result, and how (a crash at exit). The reports are complete.
+    exit_problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -144,11 +168,18 @@ class LaunchResult:
         )
         if self.report_errors:
             text += f", malformed reports from ranks {sorted(self.report_errors)}"
+        if self.exit_problem:
+            text += f", {self.exit_problem}"
+        dropped = sum(self.dropped_lines.values())
+        if dropped:
+            text += f", {dropped:,} lines of output dropped (the last {KEEP_LINES:,} per rank kept)"
         return text + ")"
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when nothing listens on ``host:port`` and we could bind it."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be a whole number from 1 to 65535; got {port!r}")
     return _port_problem(port, host) is None
 
 
@@ -212,6 +243,44 @@ def torchrun_command(
 
 
 # --------------------------------------------------------------------------- checking arguments
+
+
+def _script_path(script: Any) -> Path:
+    if isinstance(script, (bytes, bytearray)) or not isinstance(script, (str, os.PathLike)):
+        raise TypeError(
+            f"script must be the path of a Python file, e.g. 'scripts/ddp_train.py'; got {script!r}"
+        )
+    return Path(script)
+
+
+def _shadowing_file(folder: Path) -> Path | None:
+    """A file or package in ``folder`` named like a standard-library module, if there is one.
+
+    Python puts the script's folder first on ``sys.path`` (and ``python -m`` the current one), so
+    such a file is imported instead of the real module by torch and by everything else.
+    """
+    names = getattr(sys, "stdlib_module_names", frozenset())
+    with contextlib.suppress(OSError):
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith((".", "_")):
+                continue
+            stem = entry.name[:-3] if entry.name.endswith(".py") else None
+            if entry.is_dir() and (entry / "__init__.py").is_file():
+                stem = entry.name
+            if stem in names:
+                return entry
+    return None
+
+
+def _check_folders(script: Path) -> None:
+    for folder in dict.fromkeys([script.resolve().parent, Path.cwd().resolve()]):
+        found = _shadowing_file(folder)
+        if found is not None:
+            module = found.name.removesuffix(".py")
+            raise RuntimeError(
+                f"{found} has the name of Python's standard module '{module}', and every rank "
+                f"would import it instead of the real one: rename it (e.g. my_{found.name})"
+            )
 
 
 def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: Any) -> list[str]:
@@ -313,12 +382,39 @@ class _Lines:
         return out
 
 
-def _pump(stream, name: str, lines: queue.Queue) -> None:
-    """Reader thread: move lines from one pipe into the queue (the main thread prints them)."""
-    for raw in iter(stream.readline, ""):
-        ended = raw.endswith("\n")
-        lines.put((name, raw[:-1] if ended else raw, ended))
-    lines.put(None)
+def _pump(stream, name: str, lines: queue.Queue, closing: threading.Event) -> None:
+    """Reader thread: move lines from one pipe into the queue (the main thread prints them).
+
+    A line longer than ``MAX_LINE_CHARS`` keeps its start; the rest is read and thrown away, so
+    one endless line cannot fill the memory. The queue is bounded: when the main thread falls
+    behind, this thread waits (and torchrun with it), unless the job is being stopped.
+    """
+
+    def put(item) -> bool:
+        while True:
+            try:
+                lines.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                if closing.is_set():
+                    return False
+
+    with contextlib.suppress(ValueError, OSError):  # the pipe was closed while the job stopped
+        while raw := stream.readline(MAX_LINE_CHARS):
+            ended = raw.endswith("\n")
+            text = raw[:-1] if ended else raw
+            if not ended and len(raw) >= MAX_LINE_CHARS:  # an overlong line: skip its rest
+                cut = 0
+                while more := stream.readline(MAX_LINE_CHARS):
+                    if more.endswith("\n"):
+                        cut, ended = cut + len(more) - 1, True
+                        break
+                    cut += len(more)
+                if cut:
+                    text += f" [... {cut:,} more characters cut]"
+            if not put((name, text, ended)):
+                return
+    put(None)
 
 
 def _worker_ranks(procs: Iterable[psutil.Process]) -> dict[int, int]:
@@ -342,6 +438,18 @@ def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     stop_tree(tree, grace_s=grace)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace)
+
+
+def _stop_marked(mark: str, grace: float = _ORPHAN_GRACE_S) -> list[int]:
+    """Stop every process whose environment carries this launch's mark; the pids found."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if p.pid != os.getpid() and p.environ().get(_MARK_ENV) == mark:
+                found.append(p)
+    if found:
+        stop_tree(found, grace_s=grace)
+    return [p.pid for p in found]
 
 
 def _read_reports(folder: Path) -> tuple[dict[int, Any], dict[int, str]]:
@@ -405,10 +513,12 @@ def launch(
 
     Returns a ``LaunchResult``; raises ``LaunchError`` when a rank fails or ``timeout`` seconds
     pass, after every process of the job has been stopped and reaped. Bad arguments raise
-    ``ValueError``/``TypeError``/``FileNotFoundError`` before anything starts.
+    ``ValueError``/``TypeError``/``FileNotFoundError`` before anything starts, and a folder with
+    a file named like a standard-library module (``queue.py``) raises ``RuntimeError``.
     """
-    script = Path(script)
+    script = _script_path(script)
     arg_list = _check_arguments(script, nproc, args, timeout, port)
+    _check_folders(script)
     chosen = _choose_port(port, echo)
     return _launch_once(script, nproc, arg_list, float(timeout), chosen, echo)
 
@@ -442,8 +552,11 @@ def _run_job(
         report_dir = Path(tmp) / "reports"
         report_dir.mkdir()
         child_env = dict(os.environ)
+        mark = uuid.uuid4().hex
+        watchdog.stop_marked(mark, _MARK_ENV)
         child_env.update(
             {
+                _MARK_ENV: mark,
                 "OMP_NUM_THREADS": "1",  # also silences torchrun's warning about it
                 REPORT_DIR_ENV: str(report_dir),
                 "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": _PREFIX_TEMPLATE,
@@ -454,9 +567,12 @@ def _run_job(
         cmd = torchrun_command(script, nproc, args, port, Path(tmp) / "logs")
         result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0, port=port, command=cmd)
         tails: dict[int, deque[str]] = {}
+        kept: dict[int, deque[str]] = {}
         start = time.perf_counter()
         proc = subprocess.Popen(
-            tied_to_parent(cmd),  # Linux: torchrun gets SIGTERM if this thread dies
+            # Linux: torchrun gets SIGTERM if this thread dies, and runs under a subreaper that
+            # stops and reaps whatever the job leaves behind before it exits
+            contained(cmd, grace_s=_ORPHAN_GRACE_S),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # its own pipe: a rank's stdout and stderr lines never mix
             stdin=subprocess.DEVNULL,
@@ -467,9 +583,10 @@ def _run_job(
         )
         watchdog.guard(proc.pid)
         result.launcher_pid = proc.pid
-        lines: queue.Queue[tuple[str, str, bool] | None] = queue.Queue()
+        lines: queue.Queue[tuple[str, str, bool] | None] = queue.Queue(maxsize=10_000)
+        closing = threading.Event()
         readers = [
-            threading.Thread(target=_pump, args=(pipe, name, lines), daemon=True)
+            threading.Thread(target=_pump, args=(pipe, name, lines, closing), daemon=True)
             for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
         ]
         for reader in readers:
@@ -480,8 +597,13 @@ def _run_job(
             for rank, text in found:
                 if rank is None:
                     result.launcher_output.append(text)
+                    if len(result.launcher_output) > 2 * KEEP_LINES:  # torchrun's own: its tail
+                        del result.launcher_output[:KEEP_LINES]
                     continue
-                result.rank_output.setdefault(rank, []).append(text)
+                lines_of_rank = kept.setdefault(rank, deque(maxlen=KEEP_LINES))
+                if len(lines_of_rank) == KEEP_LINES:
+                    result.dropped_lines[rank] = result.dropped_lines.get(rank, 0) + 1
+                lines_of_rank.append(text)
                 tails.setdefault(rank, deque(maxlen=_LAST_LINES)).append(text)
                 if echo is not None:
                     echo(f"[rank{rank}] {text}")
@@ -512,8 +634,10 @@ def _run_job(
                 proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
         except BaseException:  # KeyboardInterrupt (the stop button) included: never leave orphans
             _stop_tree(proc)
+            _stop_marked(mark)
             raise
         finally:
+            closing.set()
             for reader in readers:
                 reader.join(timeout=2.0)
             for pipe in (proc.stdout, proc.stderr):
@@ -527,6 +651,8 @@ def _run_job(
             if item is not None:
                 take(splitter.feed(*item))
         take(splitter.flush())
+        result.rank_output = {rank: list(found) for rank, found in sorted(kept.items())}
+        _stop_marked(mark)  # what escaped the subreaper (or every leftover, off Linux)
         result.wall_seconds = time.perf_counter() - start
         result.returncode = proc.returncode if proc.returncode is not None else -1
         result.reports, result.report_errors = _read_reports(report_dir)
@@ -555,6 +681,17 @@ def _run_job(
         )
     if result.returncode != 0:
         rank, code = _failed_rank(result.launcher_output)
+        complete = sorted(result.reports) == list(range(nproc)) and not result.report_errors
+        if complete:
+            # Every rank wrote its result before one died: a crash at exit, not a failed job.
+            who = f"rank {rank}" if rank is not None else "a rank"
+            how = _describe_exit(code) if rank is not None else "died"
+            result.exit_problem = f"{who} {how} after writing its result"
+            if echo is not None:
+                echo(
+                    f"warning: {result.exit_problem} (a crash at exit); every rank's result is kept"
+                )
+            return result
         last = (
             list(tails.get(rank, [])) if rank is not None else result.launcher_output[-_LAST_LINES:]
         )

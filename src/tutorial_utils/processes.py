@@ -15,6 +15,11 @@ wedged driver) hangs whoever waits for it. Three tools:
   only we hold. However we die, the kernel closes that end; the watchdog then stops the process
   trees it was told about (the ranks torchrun started in their own sessions included) and removes
   the folders it was given. When we finish normally, :meth:`Watchdog.finish` lets it go quietly.
+* :func:`contained` -- wraps a command so that nothing it starts outlives it, however it detached
+  (Linux): a tiny supervisor becomes a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so a
+  process that leaves its parent, even in a session of its own, is reparented to the supervisor
+  instead of to init; once the command ends, the supervisor stops (SIGTERM, then SIGKILL after a
+  grace period) and reaps every process still below it, then exits with the command's status.
 * :func:`run` -- ``subprocess.run`` with a timeout that also kills what the tool itself started
   (``subprocess.run`` kills only the direct child, then waits for the pipe that a grandchild still
   holds open) and reaps everything before it returns.
@@ -34,7 +39,7 @@ from collections.abc import Sequence
 
 import psutil
 
-__all__ = ["Watchdog", "run", "stop_tree", "tied_to_parent"]
+__all__ = ["Watchdog", "contained", "run", "stop_tree", "tied_to_parent"]
 
 _POLL_S = 0.2  # how often the watchdog refreshes the list of processes it guards
 
@@ -67,6 +72,119 @@ def tied_to_parent(cmd: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
     if exe is None:
         raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
     return [sys.executable, "-S", "-I", "-c", _TIE, str(os.getpid()), str(int(sig)), exe, *cmd]
+
+
+# The supervisor of `contained`: tied to its parent like _TIE, a child subreaper, single-threaded
+# (so a plain fork is safe). It forks the command (tied to the supervisor in turn), passes SIGTERM
+# and SIGINT on, waits for it, then stops and reaps whatever is left below it.
+_CONTAIN = r"""
+import ctypes, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+parent, sig, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+libc.prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
+libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below us become our children
+if os.getppid() != parent:
+    sys.exit(128 + sig)
+me = os.getpid()
+child = os.fork()
+if child == 0:
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != me:
+        os._exit(128 + signal.SIGTERM)
+    os.execv(sys.argv[4], sys.argv[5:])
+def pass_on(signum, frame):
+    try:
+        os.kill(child, signum)
+    except OSError:
+        pass
+signal.signal(signal.SIGTERM, pass_on)
+signal.signal(signal.SIGINT, pass_on)
+devnull = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):  # the caller reads the command's output to its end: do not hold it open
+    os.dup2(devnull, fd)
+_, status = os.waitpid(child, 0)
+def below():
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parents[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = [], [me]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp == frontier[-1]]
+        frontier.pop()
+        found += kids
+        frontier += kids
+    return found
+def reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+for stop_sig in (signal.SIGTERM, signal.SIGKILL):
+    end = time.monotonic() + (grace if stop_sig == signal.SIGTERM else 10.0)
+    for pid in below():
+        try:
+            os.kill(pid, stop_sig)
+        except OSError:
+            pass
+    while True:
+        reap()
+        left = below()
+        if not left or time.monotonic() > end:
+            break
+        if stop_sig == signal.SIGKILL:
+            for pid in left:  # reparented to us since the last round
+                try:
+                    os.kill(pid, stop_sig)
+                except OSError:
+                    pass
+        time.sleep(0.02)
+    if not left:
+        break
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(me, os.WTERMSIG(status))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def contained(cmd: Sequence[str], grace_s: float = 2.0, sig: int = signal.SIGTERM) -> list[str]:
+    """``cmd`` wrapped so that (on Linux) nothing it starts outlives it, and it dies with us.
+
+    Pass the result to ``subprocess.Popen`` in place of ``cmd``. Like :func:`tied_to_parent`,
+    the wrapper gets ``sig`` when the thread that starts it dies. When the command ends, every
+    process still running below it (a grandchild in a session of its own that ignores SIGTERM
+    included: it was reparented to the wrapper) gets SIGTERM, then SIGKILL after ``grace_s``,
+    and is reaped before the wrapper exits with the command's status. Elsewhere than Linux the
+    command comes back unchanged.
+    """
+    cmd = [str(part) for part in cmd]
+    if not cmd:
+        raise ValueError("the command is empty; give the program to run and its arguments")
+    if not sys.platform.startswith("linux"):
+        return cmd
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
+    return [
+        sys.executable,
+        "-S",
+        "-I",
+        "-c",
+        _CONTAIN,
+        str(os.getpid()),
+        str(int(sig)),
+        str(float(grace_s)),
+        exe,
+        *cmd,
+    ]
 
 
 def stop_tree(procs: Sequence[psutil.Process], grace_s: float = 3.0) -> list[int]:
@@ -160,6 +278,16 @@ class Watchdog:
         """Stop process ``pid`` and all its descendants if we die."""
         self._send(f"pid {int(pid)}")
 
+    def stop_marked(self, mark: str, variable: str = "TUTORIAL_LAUNCH_MARK") -> None:
+        """Also stop, if we die, every process whose environment has ``variable=mark``.
+
+        That reaches what left the guarded tree (a process whose parent died is no longer
+        anyone's descendant) as long as it kept the environment it was started with.
+        """
+        if not mark or any(c.isspace() for c in mark + variable):
+            raise ValueError("the mark and its variable must be words without spaces")
+        self._send(f"mark {variable} {mark}")
+
     def remove_on_death(self, path: str | os.PathLike) -> None:
         """Delete the folder ``path`` (after the processes are stopped) if we die."""
         self._send(f"path {os.fspath(path)}")
@@ -188,6 +316,7 @@ def _watch(stream) -> None:
     """The watchdog's loop: read orders until "done" (exit) or end of file (clean up, exit)."""
     guarded: dict[int, psutil.Process] = {}
     paths: list[str] = []
+    marks: list[tuple[str, str]] = []
     orders: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_read_orders, args=(stream, orders), daemon=True).start()
     while True:
@@ -205,8 +334,16 @@ def _watch(stream) -> None:
                 guarded[int(arg)] = psutil.Process(int(arg))
         elif kind == "path":
             paths.append(arg)
+        elif kind == "mark":
+            variable, _, value = arg.partition(" ")
+            marks.append((variable, value))
         _add_descendants(guarded)
     _add_descendants(guarded)
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            env = p.environ()
+            if p.pid != os.getpid() and any(env.get(k) == v for k, v in marks):
+                guarded.setdefault(p.pid, p)
     # Nobody waits for a clean ending any more: a short grace, then SIGKILL.
     stop_tree(list(guarded.values()), grace_s=1.0)
     for path in paths:
