@@ -57,3 +57,47 @@ def test_a_busy_port_is_refused(tmp_path, monkeypatch):
         port = busy.getsockname()[1]
         with pytest.raises(slurm.ClusterError, match=f"port {port} is already in use"):
             slurm.start(tmp_path, port=port)
+
+
+def _fake_apt(folder: Path, body: str, monkeypatch) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "apt-get"
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:{slurm.os.environ['PATH']}")
+    monkeypatch.setattr(slurm.os, "geteuid", lambda: 0)
+    return exe
+
+
+def test_missing_slurm_is_installed_with_apt_as_root(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    _fake_apt(tmp_path / "bin", f'echo "$@" >> {calls}\n', monkeypatch)
+    answers = iter([["slurmctld"], []])  # missing before the install, there after
+    monkeypatch.setattr(slurm, "missing_programs", lambda: next(answers, []))
+    slurm.ensure_installed(timeout_s=30)
+    assert calls.read_text().splitlines() == [
+        "update -q",
+        "install -y -q --no-install-recommends slurm-wlm munge",
+    ]
+
+
+def test_an_apt_that_hangs_is_stopped_at_the_timeout_with_its_children(tmp_path, monkeypatch):
+    pids = tmp_path / "pids"
+    _fake_apt(tmp_path / "bin", f"sleep 30 &\necho $! > {pids}\nwait\n", monkeypatch)
+    monkeypatch.setattr(slurm, "missing_programs", lambda: ["slurmctld"])
+    with pytest.raises(slurm.Unavailable, match="did not finish in 1 s") as info:
+        slurm.ensure_installed(timeout_s=1)
+    assert "\n" not in str(info.value)
+    child = int(pids.read_text())
+    assert slurm._wait_gone([child], 5) == [], "apt's child outlived the timeout"
+
+
+def test_an_apt_that_fails_says_so_in_one_sentence(tmp_path, monkeypatch):
+    _fake_apt(
+        tmp_path / "bin",
+        "echo 'E: Unable to locate package slurm-wlm' >&2\nexit 100\n",
+        monkeypatch,
+    )
+    monkeypatch.setattr(slurm, "missing_programs", lambda: ["slurmctld"])
+    with pytest.raises(slurm.Unavailable, match="Unable to locate package slurm-wlm"):
+        slurm.ensure_installed(timeout_s=10)

@@ -142,9 +142,7 @@ def ensure_installed(timeout_s: float = 600.0) -> None:
     ):
         left = deadline - time.monotonic()
         try:
-            done = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=max(left, 1.0)
-            )
+            done = _run_group(cmd, env, max(left, 1.0))
         except subprocess.TimeoutExpired:
             raise Unavailable(
                 f"`{' '.join(cmd)}` did not finish in {timeout_s:.0f} s (no network?): install "
@@ -160,6 +158,25 @@ def ensure_installed(timeout_s: float = 600.0) -> None:
             f"apt installed {' and '.join(PACKAGES)} but {', '.join(missing_programs())} "
             "is still missing: check the packages"
         )
+
+
+def _run_group(
+    cmd: list[str], env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own: on timeout its whole group is killed (apt's
+    children included), not only ``cmd``."""
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _program(name: str) -> str:
