@@ -11,7 +11,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench
+.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench cluster cluster-stop cluster-status
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -99,9 +99,21 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/monitor_cost.py
 	$(BIN)/python benchmarks/gpu_bench.py --out artifacts/bench
 
+# A real two-node Slurm cluster on this machine (as root; installs slurm-wlm and munge with apt
+# when missing): munged, slurmctld, slurmd for nodes n1 and n2, all in .cluster/. It prints how to
+# submit the course's script to it; make cluster-stop ends every daemon it started.
+cluster: $(STAMP)
+	$(BIN)/python tools/cluster.py start $(if $(CLUSTER_PORT),--port $(CLUSTER_PORT),)
+
+cluster-status:
+	@$(PYTHON) tools/cluster.py status
+
+cluster-stop:
+	$(PYTHON) tools/cluster.py stop
+
 # Refresh constraints.txt from what .venv holds now (after changing pyproject.toml's ranges).
 lock: $(STAMP)
 	$(BIN)/python tools/lock.py > constraints.txt
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .cluster

@@ -221,11 +221,16 @@ SYLLABI: tuple[Syllabus, ...] = (
         510,
         90,
         tuple(
-            Part(name, None, exercises=name in IN_ROOM_EXERCISES)
+            # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs
+            # root and a terminal: reading, or a demo from the instructor's screen
+            Part(name, ("Intro", "1.", "2.", "4.", "Summary", "Further"), exercises=False)
+            if name == "03_data_parallelism.ipynb"
+            else Part(name, None, exercises=name in IN_ROOM_EXERCISES)
             for name in ALL
             if name not in SCALE_OUT
         ),
-        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); the "
+        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); "
+        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); the "
         "scale-out notebook 08 (a second day)",
     ),
 )

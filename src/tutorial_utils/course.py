@@ -26,7 +26,7 @@ MINUTES: dict[str, int] = {
     "00_start_here.ipynb": 45,
     "01_moving_tensors.ipynb": 70,
     "02_creating_tensors_on_the_right_device.ipynb": 45,
-    "03_data_parallelism.ipynb": 60,
+    "03_data_parallelism.ipynb": 70,
     "04_model_parallelism.ipynb": 55,
     "05_out_of_memory.ipynb": 90,
     "06_mixed_precision_and_cudnn.ipynb": 75,
