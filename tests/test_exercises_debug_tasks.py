@@ -86,11 +86,12 @@ def _measured(attribute):
     [
         (_measured("delta_bytes"), "left behind"),
         (_measured("peak_bytes"), "subtract the bytes alive at the start"),
-        (lambda fn, device: 16 * MiB, "peak of an earlier block"),
-        (lambda fn, device: None, "whole number of bytes"),
-        (lambda fn, device: float("nan"), "whole number of bytes"),
-        (lambda fn, device: True, "whole number of bytes"),
-        (lambda fn, device: mock.ANY, "whole number of bytes"),
+        (lambda fn, device: (fn(), 16 * MiB)[1], "peak of an earlier block"),
+        (lambda fn, device: None, "still the placeholder"),
+        (lambda fn, device: (fn(), None)[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), float("nan"))[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), True)[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), mock.ANY)[1], "whole number of bytes"),
         (lambda fn, device: 1 / 0, "ZeroDivisionError"),
         ("not a function", "pass a function"),
     ],
@@ -111,6 +112,14 @@ def test_peak_of_an_int_that_equals_everything_does_not_pass():
 
     fb = check_peak_of(lambda fn, device: Sneaky(3), "cpu")
     assert not fb.passed, str(fb)
+
+
+def test_peak_of_a_constant_that_never_measures_fails():
+    """Issue 25: ``lambda fn, d: 8 * 2**20`` passed: the checker read only the returned number."""
+    never_runs = check_peak_of(lambda fn, device: 8 * MiB, "cpu")
+    assert not never_runs.passed and "called fn() 0 times" in str(never_runs), str(never_runs)
+    runs_then_guesses = check_peak_of(lambda fn, device: (fn(), 8 * MiB)[1], "cpu")
+    assert not runs_then_guesses.passed and "6,291,456" in str(runs_then_guesses)
 
 
 # -----------------------------------------------------------------------------
