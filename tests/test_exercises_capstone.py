@@ -343,3 +343,21 @@ def test_an_untouched_step_is_not_an_attempt(task):
     assert "Not answered yet" in repr(untouched)
     assert grade(plain, task).feedback.attempt == 1
     reset_attempts()
+
+
+def test_notebook_07_grades_its_demo_apart_from_the_learners_step(task):
+    """Issue 25: the demo (too_large_step) and the learner's "your turn" step shared one attempt
+    key, so the learner's first edit was attempt 3 and got the full fix."""
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parent.parent / "notebooks" / "07_capstone_make_it_fit.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    demo = [c for c in cells if "grade(too_large_step" in c]
+    assert len(demo) == 1 and "grade(too_large_step, task, exercise=" in demo[0], demo
+    reset_attempts()
+    assert grade(plain, task).feedback.attempt == 1  # "your turn", run as shipped
+    demo = grade(lambda *a: micro(*a, scale=False), task, exercise="demo: forgot / k").feedback
+    assert not demo.passed and demo.attempt == 1
+    assert grade(plain, task).feedback.attempt == 2  # the learner's first edit: not 3
+    reset_attempts()

@@ -158,6 +158,10 @@ class Feedback:
         if not self.expect(condition, problem, brief=brief):
             raise _Stop(self)
 
+    def stop(self) -> None:
+        """End the check here, with the problems found so far (inside ``@checker``)."""
+        raise _Stop(self)
+
     def fail(self, problem: str, *, brief: str | None = None) -> None:
         """Record ``problem`` and end the check (inside ``@checker``)."""
         self.require(False, problem, brief=brief)

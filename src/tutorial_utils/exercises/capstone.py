@@ -319,8 +319,13 @@ class Grade:
 GRADIENT_TOLERANCE = 0.025  # |g - full batch| / |full batch|: bf16 autocast is ~0.005, k+1 ~0.06
 
 
-def _compare_grads(fb: Feedback, got: list, want: list[torch.Tensor], when: str = "") -> None:
-    """``got``: the gradients handed to ``optimizer.step()``; ``want``: the full batch's."""
+def _compare_grads(
+    fb: Feedback, got: list, want: list[torch.Tensor], when: str = "", stop: bool = True
+) -> None:
+    """``got``: the gradients handed to ``optimizer.step()``; ``want``: the full batch's.
+
+    A wrong direction or size ends the check when ``stop``; otherwise it is recorded and the
+    grading goes on (the first, unbudgeted call: the budgeted calls still have their say)."""
     at = f" {when}" if when else ""
     fb.require(len(got) > 0, f"your step never called optimizer.step(){at}")
     fb.require(
@@ -345,24 +350,28 @@ def _compare_grads(fb: Feedback, got: list, want: list[torch.Tensor], when: str 
     ratio = float(g.norm() / w.norm())
     cosine = float(torch.nn.functional.cosine_similarity(g, w, dim=0))
     if cosine <= 0.99:
-        fb.fail(
+        problem = (
             f"your gradients{at} point in another direction than the full batch's (cosine "
-            f"{cosine:.3f}): does every sample of the batch take part in the step?",
-            brief="your gradients are not the full batch's",
+            f"{cosine:.3f}): does every sample of the batch take part in the step?"
         )
-    if abs(ratio - 1) > GRADIENT_TOLERANCE:
-        fb.fail(
+        brief = "your gradients are not the full batch's"
+    elif abs(ratio - 1) > GRADIENT_TOLERANCE:
+        problem = (
             f"your gradients{at} are {ratio:.2f}x the full-batch gradients ({error:.1%} off; "
             f"at most {GRADIENT_TOLERANCE:.1%} is allowed): with k micro-batches, divide each "
-            "micro-batch's loss by k",
-            brief="your gradients have the wrong size",
+            "micro-batch's loss by k"
         )
-    fb.fail(
-        f"your gradients{at} differ from the full batch's by {error:.1%} (at most "
-        f"{GRADIENT_TOLERANCE:.1%} is allowed): does every sample count once, with the same "
-        "weight (equal micro-batches, each loss divided by k)?",
-        brief="your gradients are not the full batch's",
-    )
+        brief = "your gradients have the wrong size"
+    else:
+        problem = (
+            f"your gradients{at} differ from the full batch's by {error:.1%} (at most "
+            f"{GRADIENT_TOLERANCE:.1%} is allowed): does every sample count once, with the same "
+            "weight (equal micro-batches, each loss divided by k)?"
+        )
+        brief = "your gradients are not the full batch's"
+    fb.expect(False, problem, brief=brief)
+    if stop:
+        fb.stop()
 
 
 def _loss_value(loss: object) -> float | None:
@@ -449,7 +458,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     handed = (
         [] if not recorded else [None if g is None else _tensor(g, device) for g in recorded[0]]
     )
-    _compare_grads(fb, handed, want[seen])
+    _compare_grads(fb, handed, want[seen], stop=False)
     del model, optimizer, counting, recorded, handed
 
     # 2. Several steps inside the budget, watched, each one kept for the checks after.
@@ -609,7 +618,7 @@ def _measured_table(peaks: object, seconds: object) -> dict[str, tuple[int, floa
     return table
 
 
-@checker
+@checker(answers=("choice",))
 def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: int) -> Feedback:
     """Exercise: the fastest combination in the measured table whose peak fits the budget.
 
