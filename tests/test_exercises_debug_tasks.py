@@ -87,7 +87,7 @@ def _measured(attribute):
         (_measured("delta_bytes"), "left behind"),
         (_measured("peak_bytes"), "subtract the bytes alive at the start"),
         (lambda fn, device: (fn(), 16 * MiB)[1], "peak of an earlier block"),
-        (lambda fn, device: None, "still the placeholder"),
+        (lambda fn, device: None, "still a placeholder"),
         (lambda fn, device: (fn(), None)[1], "whole number of bytes"),
         (lambda fn, device: (fn(), float("nan"))[1], "whole number of bytes"),
         (lambda fn, device: (fn(), True)[1], "whole number of bytes"),
@@ -195,7 +195,7 @@ def test_accuracy_counter_left_on_the_cpu_is_caught():
     [
         (accuracy_item_per_batch, "return a 0-dim tensor on the device"),
         (accuracy_mean_of_batch_means, "the right value is"),
-        (lambda model, batches, device: None, "still the placeholder"),
+        (lambda model, batches, device: None, "still a placeholder"),
         (lambda model, batches, device: torch.zeros(2, device=device), "not () (0-dim)"),
         (lambda model, batches, device: torch.zeros((), dtype=torch.long), "divide"),
         (lambda model, batches, device: mock.ANY, "return a 0-dim tensor"),
@@ -314,7 +314,7 @@ def test_largest_holding_failed_attempts_is_caught(answer):
     [
         (lambda try_step, n: 64, "halve from 1024"),  # never tried anything
         (lambda try_step, n: (try_step(64), 64)[1], "halve from 1024"),  # jumped to the answer
-        (lambda try_step, n: None, "still the placeholder"),
+        (lambda try_step, n: None, "still a placeholder"),
         (lambda try_step, n: mock.ANY, "as an int"),
         (lambda try_step, n: try_step(0), "1 or more"),
     ],

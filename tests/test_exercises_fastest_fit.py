@@ -42,7 +42,7 @@ def test_the_fastest_overall_does_not_fit(choice: str) -> None:
 def test_the_placeholder_is_not_answered_yet(choice: object) -> None:
     fb = check_fastest_fit(choice, PEAKS, SECONDS, BUDGET)
     assert not fb.passed and not fb.answered and fb.attempt == 0
-    assert "still the placeholder" in fb.problems[0]
+    assert "still a placeholder" in fb.problems[0]
 
 
 @pytest.mark.parametrize("choice", [3, ["micro"], float("nan"), "micro-batches"])

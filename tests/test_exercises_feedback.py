@@ -201,7 +201,7 @@ def _precision():
 def test_a_half_answered_cell_names_what_is_still_to_fill_in():
     fb = _parallel().check_sampler_padding(22, None)
     assert not fb.answered and fb.problems == [
-        "repeated is still the placeholder None: fill in the TODO in the exercise cell, then "
+        "`repeated` is still a placeholder (None): fill in the TODO in the exercise cell, then "
         "run it again (this run did not count as an attempt)"
     ]
 

@@ -46,7 +46,7 @@ def test_sampler_padding_counts_the_repeated_samples():
     assert check_sampler_padding(16, 0, n=64, world=4).passed
     wrong = check_sampler_padding(21, 0)
     assert not wrong.passed and "22" in str(wrong) and wrong.hints
-    assert "per_rank is still the placeholder None" in str(check_sampler_padding(None, None))
+    assert "`per_rank` is still a placeholder (None)" in str(check_sampler_padding(None, None))
 
 
 def _data():
@@ -172,7 +172,7 @@ def test_split_forward_cut_graph_is_caught(kind: str) -> None:
 @pytest.mark.parametrize(
     ("forward", "problem"),
     [
-        (lambda s0, s1, x, d0, d1: None, "still the placeholder"),
+        (lambda s0, s1, x, d0, d1: None, "still a placeholder"),
         (lambda s0, s1, x, d0, d1: print(end="") or None, "returned None"),
         (lambda s0, s1, x, d0, d1: s1(s0(x)).detach(), "not part of an autograd graph"),
         (lambda s0, s1, x, d0, d1: s0(x), "shape"),

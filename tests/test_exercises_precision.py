@@ -148,7 +148,7 @@ def test_clipping_before_unscale_is_caught_and_explained() -> None:
     [
         (_clip_step(unscale=True, clip=False), "above max_norm"),
         (_clip_step(unscale=False, clip=False, use_scaler=False), "use the scaler"),
-        (lambda *args: None, "still the placeholder"),  # a step that does nothing yet
+        (lambda *args: None, "still a placeholder"),  # a step that does nothing yet
     ],
 )
 def test_clipped_step_wrong_answers_fail(step, problem: str) -> None:

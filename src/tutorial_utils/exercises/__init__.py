@@ -385,8 +385,9 @@ def _placeholders(
     for name in names:
         what = placeholder(bound.arguments.get(name), zero=zero)
         if what is not None:
+            label = "the answer" if name == "answer" else f"`{name}`"
             found.append(
-                f"{name} is still the placeholder {what}: fill in the TODO in the exercise "
+                f"{label} is still a placeholder ({what}): fill in the TODO in the exercise "
                 "cell, then run it again (this run did not count as an attempt)"
             )
     return found

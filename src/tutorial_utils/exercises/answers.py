@@ -143,7 +143,7 @@ def placeholder(value: object, *, zero: bool = False) -> str | None:
     if zero and type(value) is int and value == 0:
         return "0"
     if isinstance(value, types.FunctionType) and _does_nothing(value):
-        return f"a function that does nothing yet ({value.__name__} returns None)"
+        return f"{value.__name__} does nothing yet: it returns None"
     if type(value) is dict and value and all(placeholder(v) for v in value.values()):
         return "a dict of TODO placeholders"
     return None
