@@ -392,7 +392,9 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
     nn.functional.mse_loss(ref_out, y).backward()
 
     stage0, stage1 = _two_stages(d0, d1)
-    out = fb.run("your forward", forward, stage0, stage1, x, d0, d1, returns=torch.Tensor)
+    out = fb.run(
+        "your forward", forward, stage0, stage1, Given("x", x), d0, d1, returns=torch.Tensor
+    )
     fb.require(
         out.shape == ref_out.shape,
         f"the output has shape {tuple(out.shape)}, not {tuple(ref_out.shape)}",
