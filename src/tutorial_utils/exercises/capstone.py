@@ -459,7 +459,8 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         [] if not recorded else [None if g is None else _tensor(g, device) for g in recorded[0]]
     )
     _compare_grads(fb, handed, want[seen], stop=False)
-    del model, optimizer, counting, recorded, handed
+    # nothing of the first call may stay alive: the budget counts every tensor in the process
+    del model, optimizer, counting, recorded, handed, want
 
     # 2. Several steps inside the budget, watched, each one kept for the checks after.
     model, optimizer = task.new_run()
