@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.checkpoint import checkpoint
 
-from tutorial_utils import memory
+from tutorial_utils import accounting, memory
 from tutorial_utils.exercises import capstone, reset_attempts
 from tutorial_utils.exercises.capstone import CapstoneTask, grade
 from tutorial_utils.models import MLP, mlp_batch
@@ -194,4 +194,170 @@ def test_each_named_exercise_starts_with_a_hint(task):
     assert grade(plain, task, exercise="tight budget").feedback.detailed
     with pytest.raises(ValueError, match="string"):
         grade(plain, task, exercise=2)
+    reset_attempts()
+
+
+# --- issue 25: wrong steps that passed before ------------------------------------------------
+
+
+def test_a_step_that_zeroes_its_labels_is_refused_and_the_notebooks_labels_stay(task):
+    """``labels.zero_()`` passed and wiped the task's (the notebook's) labels."""
+    kept = task.labels.clone()
+
+    def zeroes_labels(model, optimizer, x, y):
+        y.zero_()
+        return micro(model, optimizer, x, y)
+
+    fb = grade(zeroes_labels, task).feedback
+    assert not fb.passed and "changed its input: labels changed its values" in str(fb), str(fb)
+    assert torch.equal(task.labels, kept)
+
+
+def test_a_step_that_trains_once_then_fakes_is_caught(task):
+    """Real work on the first call only, then a made-up falling loss and model(tokens[:1])."""
+    calls = []
+
+    def once_then_fake(model, optimizer, x, y):
+        calls.append(1)
+        if len(calls) == 1:
+            return micro(model, optimizer, x, y)
+        model(x[:1])
+        return 1.0 / len(calls)
+
+    fb = grade(once_then_fake, task).feedback
+    assert not fb.passed, str(fb)
+    assert "exactly once per train_step (in step 1 it was called 0 times)" in str(fb), str(fb)
+
+
+def test_a_step_that_catches_the_oom_and_trains_on_a_quarter_is_caught(task):
+    def quarter_on_oom(model, optimizer, x, y):
+        try:
+            return plain(model, optimizer, x, y)
+        except torch.OutOfMemoryError:
+            pass
+        n = len(x) // 4
+        return plain(model, optimizer, x[:n], y[:n])
+
+    fb = grade(quarter_on_oom, task).feedback
+    assert not fb.passed and "in step 1 point in another direction" in str(fb), str(fb)
+
+
+def test_micro_batches_divided_by_k_plus_1_are_caught(task):
+    """16 micro-batches, each loss / 17: gradients 0.94x, inside the old +-10% tolerance."""
+
+    def by_k_plus_1(model, optimizer, x, y, k=16):
+        optimizer.zero_grad()
+        total = 0.0
+        for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
+            loss = nn.functional.cross_entropy(model(xc), yc)
+            (loss / (k + 1)).backward()
+            total += loss.item() / k
+        optimizer.step()
+        return total
+
+    fb = grade(by_k_plus_1, task).feedback
+    assert not fb.passed and "0.94x the full-batch gradients" in str(fb), str(fb)
+
+
+def test_bf16_autocast_stays_inside_the_gradient_tolerance(task):
+    def micro_bf16(model, optimizer, x, y, k=4):
+        optimizer.zero_grad()
+        total = 0.0
+        for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(xc)
+            loss = nn.functional.cross_entropy(out.float(), yc)
+            (loss / k).backward()
+            total += loss.item() / k
+        optimizer.step()
+        return total
+
+    result = grade(micro_bf16, task)
+    assert result.feedback.passed, str(result.feedback)
+
+
+def test_a_step_that_changes_the_weights_besides_the_optimizer_is_caught(task):
+    def nudges(model, optimizer, x, y):
+        loss = micro(model, optimizer, x, y)
+        with torch.no_grad():
+            next(model.parameters()).mul_(0.9)
+        return loss
+
+    fb = grade(nudges, task).feedback
+    assert not fb.passed and "not what the optimizer's own step gives" in str(fb), str(fb)
+
+
+def test_a_step_that_adds_a_parameter_gets_a_sentence(task):
+    def adds(model, optimizer, x, y):
+        model.extra = nn.Parameter(torch.zeros(3))
+        return micro(model, optimizer, x, y)
+
+    fb = grade(adds, task).feedback
+    assert not fb.passed and "changed the model's parameters" in str(fb), str(fb)
+
+
+def _lifts_the_limit(model, optimizer, x, y):
+    acc = getattr(accounting._local, "shared", None)
+    if acc is None:  # the grader's first, unbudgeted call
+        return micro(model, optimizer, x, y)
+    limits = [(w, w.limit) for w in acc.windows]
+    for w, _ in limits:
+        w.limit = None
+    acc.limited = False
+    try:
+        return plain(model, optimizer, x, y)
+    finally:
+        for w, limit in limits:
+            w.limit = limit
+        acc.limited = True
+
+
+def _resets_the_peak(model, optimizer, x, y):
+    acc = getattr(accounting._local, "shared", None)
+    if acc is None:  # the grader's first, unbudgeted call
+        return micro(model, optimizer, x, y)
+    loss = _lifts_the_limit(model, optimizer, x, y)  # over the budget, then hide the peak
+    for w in acc.windows:
+        w.peak = acc.current
+    acc.peak = acc.current
+    return loss
+
+
+@pytest.mark.parametrize(
+    ("step", "seen"),
+    [(_lifts_the_limit, "the budget's limit was lifted"), (_resets_the_peak, "peak was reset")],
+)
+def test_a_step_that_edits_the_accountant_is_refused(task, step, seen):
+    fb = grade(step, task).feedback
+    assert not fb.passed and "changed the grader's memory count" in str(fb), str(fb)
+    assert seen in str(fb)
+
+
+def test_an_untouched_step_is_not_an_attempt(task):
+    reset_attempts()
+
+    def train_step(model, optimizer, tokens, labels): ...  # TODO
+
+    untouched = grade(train_step, task).feedback
+    assert not untouched.passed and not untouched.answered and untouched.attempt == 0
+    assert "Not answered yet" in repr(untouched)
+    assert grade(plain, task).feedback.attempt == 1
+    reset_attempts()
+
+
+def test_notebook_07_grades_its_demo_apart_from_the_learners_step(task):
+    """Issue 25: the demo (too_large_step) and the learner's "your turn" step shared one attempt
+    key, so the learner's first edit was attempt 3 and got the full fix."""
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parent.parent / "notebooks" / "07_capstone_make_it_fit.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    demo = [c for c in cells if "grade(too_large_step" in c]
+    assert len(demo) == 1 and "grade(too_large_step, task, exercise=" in demo[0], demo
+    reset_attempts()
+    assert grade(plain, task).feedback.attempt == 1  # "your turn", run as shipped
+    demo = grade(lambda *a: micro(*a, scale=False), task, exercise="demo: forgot / k").feedback
+    assert not demo.passed and demo.attempt == 1
+    assert grade(plain, task).feedback.attempt == 2  # the learner's first edit: not 3
     reset_attempts()

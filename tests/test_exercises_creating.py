@@ -88,3 +88,15 @@ def test_following_module_mistakes():
     fb = check_following_module(CpuInForward)
     assert not fb.passed and "forward raised" in str(fb) and "new_ones" in str(fb)
     assert "no parameter" in str(check_following_module(lambda f: nn.ReLU()))
+
+
+def test_shape_tensor_that_resizes_its_input_fails():
+    """Issue 25: ``t.resize_(...)`` then the new shape passed: the expected sizes were read from
+    the tensor after the learner's code had changed it."""
+
+    def resizes(t):
+        t.resize_(7)
+        return torch.tensor(t.shape, device=t.device)
+
+    fb = check_shape_tensor(resizes)
+    assert not fb.passed and "t changed shape from (2, 3) to (7,)" in str(fb), str(fb)

@@ -86,11 +86,12 @@ def _measured(attribute):
     [
         (_measured("delta_bytes"), "left behind"),
         (_measured("peak_bytes"), "subtract the bytes alive at the start"),
-        (lambda fn, device: 16 * MiB, "peak of an earlier block"),
-        (lambda fn, device: None, "whole number of bytes"),
-        (lambda fn, device: float("nan"), "whole number of bytes"),
-        (lambda fn, device: True, "whole number of bytes"),
-        (lambda fn, device: mock.ANY, "whole number of bytes"),
+        (lambda fn, device: (fn(), 16 * MiB)[1], "peak of an earlier block"),
+        (lambda fn, device: None, "still a placeholder"),
+        (lambda fn, device: (fn(), None)[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), float("nan"))[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), True)[1], "whole number of bytes"),
+        (lambda fn, device: (fn(), mock.ANY)[1], "whole number of bytes"),
         (lambda fn, device: 1 / 0, "ZeroDivisionError"),
         ("not a function", "pass a function"),
     ],
@@ -111,6 +112,14 @@ def test_peak_of_an_int_that_equals_everything_does_not_pass():
 
     fb = check_peak_of(lambda fn, device: Sneaky(3), "cpu")
     assert not fb.passed, str(fb)
+
+
+def test_peak_of_a_constant_that_never_measures_fails():
+    """Issue 25: ``lambda fn, d: 8 * 2**20`` passed: the checker read only the returned number."""
+    never_runs = check_peak_of(lambda fn, device: 8 * MiB, "cpu")
+    assert not never_runs.passed and "called fn() 0 times" in str(never_runs), str(never_runs)
+    runs_then_guesses = check_peak_of(lambda fn, device: (fn(), 8 * MiB)[1], "cpu")
+    assert not runs_then_guesses.passed and "6,291,456" in str(runs_then_guesses)
 
 
 # -----------------------------------------------------------------------------
@@ -186,7 +195,7 @@ def test_accuracy_counter_left_on_the_cpu_is_caught():
     [
         (accuracy_item_per_batch, "return a 0-dim tensor on the device"),
         (accuracy_mean_of_batch_means, "the right value is"),
-        (lambda model, batches, device: None, "return a 0-dim tensor"),
+        (lambda model, batches, device: None, "still a placeholder"),
         (lambda model, batches, device: torch.zeros(2, device=device), "not () (0-dim)"),
         (lambda model, batches, device: torch.zeros((), dtype=torch.long), "divide"),
         (lambda model, batches, device: mock.ANY, "return a 0-dim tensor"),
@@ -305,7 +314,7 @@ def test_largest_holding_failed_attempts_is_caught(answer):
     [
         (lambda try_step, n: 64, "halve from 1024"),  # never tried anything
         (lambda try_step, n: (try_step(64), 64)[1], "halve from 1024"),  # jumped to the answer
-        (lambda try_step, n: None, "as an int"),
+        (lambda try_step, n: None, "still a placeholder"),
         (lambda try_step, n: mock.ANY, "as an int"),
         (lambda try_step, n: try_step(0), "1 or more"),
     ],

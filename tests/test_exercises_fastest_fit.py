@@ -38,7 +38,14 @@ def test_the_fastest_overall_does_not_fit(choice: str) -> None:
     assert "over the budget" in fb.problems[0]
 
 
-@pytest.mark.parametrize("choice", [None, "TODO", 3, ["micro"], float("nan")])
+@pytest.mark.parametrize("choice", [None, "TODO"])
+def test_the_placeholder_is_not_answered_yet(choice: object) -> None:
+    fb = check_fastest_fit(choice, PEAKS, SECONDS, BUDGET)
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    assert "still a placeholder" in fb.problems[0]
+
+
+@pytest.mark.parametrize("choice", [3, ["micro"], float("nan"), "micro-batches"])
 def test_anything_but_a_name_from_the_table_fails(choice: object) -> None:
     fb = check_fastest_fit(choice, PEAKS, SECONDS, BUDGET)
     assert not fb.passed

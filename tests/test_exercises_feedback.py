@@ -128,3 +128,93 @@ def test_a_learner_value_with_a_broken_repr_is_described_safely():
 
     fb = start.check_tensor_bytes(Hostile())
     assert "a Hostile" in str(fb)
+
+
+# --- issue 25: an untouched exercise cell is not an attempt --------------------------------
+
+
+def _untouched_cells():
+    """Each exercise cell of notebooks 00-07 whose answer is a placeholder, as it ships."""
+    from tutorial_utils import models
+    from tutorial_utils.exercises import capstone, oom, parallel, precision
+
+    def bubble_fraction(p, m):
+        return None  # TODO
+
+    table = ({"plain": 2, "micro": 1}, {"plain": 0.1, "micro": 0.2}, 1)
+    return {
+        "00 ex 1": lambda: start.check_tensor_bytes(...),
+        "00 ex 2": lambda: start.check_matmul_peak(...),
+        "03 ex 1": lambda: parallel.check_sampler_padding(None, None),
+        "03 ex 2": lambda: parallel.check_allreduce_counts(None, None, k=8, buckets=1),
+        "04 ex 1": lambda: parallel.check_bubble(bubble_fraction),
+        "05 ex 1": lambda: oom.check_training_state_bytes(models.MLP(d_in=3, d_out=2), 0),
+        "06 ex 1": lambda: precision.check_fp16_survival(
+            {70000.0: "TODO", 60000.0: "TODO", 1e-4: "TODO", 1e-9: "TODO"}
+        ),
+        "07 ex 1": lambda: capstone.check_fastest_fit("TODO", *table),
+    }
+
+
+@pytest.mark.parametrize("cell", list(_untouched_cells()))
+def test_an_untouched_exercise_cell_is_not_an_attempt(cell):
+    """Run All ran every TODO cell as shipped and counted it as attempt 1, so the first real
+    wrong answer got the full fix. A placeholder is "not answered yet", and not counted."""
+    run = _untouched_cells()[cell]
+    first, again = run(), run()
+    for fb in (first, again):
+        assert not fb.passed and not fb.answered and fb.attempt == 0, repr(fb)
+        assert repr(fb).startswith("Not answered yet") and "fill in the TODO" in repr(fb)
+        assert "Fix:" not in repr(fb) and "Fix:" not in str(fb)
+    with pytest.raises(ExerciseNotPassed):
+        first.assert_passed()
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda: start.check_matmul_peak(0),  # torch.cuda's counters on the CPU: a real answer
+        lambda: start.check_tensor_bytes(0.0),
+        lambda: start.check_tensor_bytes("602112"),
+        lambda: _precision().check_fp16_survival({70000.0: "inf", 60000.0: "TODO"}),
+        lambda: _parallel().check_bubble(lambda p, m: p / m),
+    ],
+)
+def test_a_real_wrong_answer_is_an_attempt(wrong):
+    fb = wrong()
+    assert not fb.passed and fb.answered and fb.attempt == 1, repr(fb)
+    assert "Not yet" in repr(fb)
+
+
+def _parallel():
+    from tutorial_utils.exercises import parallel
+
+    return parallel
+
+
+def _precision():
+    from tutorial_utils.exercises import precision
+
+    return precision
+
+
+def test_a_half_answered_cell_names_what_is_still_to_fill_in():
+    fb = _parallel().check_sampler_padding(22, None)
+    assert not fb.answered and fb.problems == [
+        "`repeated` is still a placeholder (None): fill in the TODO in the exercise cell, then "
+        "run it again (this run did not count as an attempt)"
+    ]
+
+
+def test_the_first_real_answer_after_an_untouched_cell_gets_the_hint():
+    start.check_tensor_bytes(...)  # Run All
+    first = start.check_tensor_bytes(1000 * 3 * 224 * 224)
+    assert first.attempt == 1 and not first.detailed and "Fix:" not in repr(first)
+
+
+def test_answers_must_name_the_checkers_arguments():
+    with pytest.raises(ValueError, match="names no argument"):
+
+        @checker(answers=("nope",))
+        def check_something(answer) -> Feedback:
+            return Feedback("x")

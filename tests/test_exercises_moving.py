@@ -98,3 +98,35 @@ def test_move_dropping_non_tensors_fails():
         return out
 
     assert "unchanged" in str(check_move_batch(drop))
+
+
+def test_move_that_rewrites_the_batch_in_place_fails():
+    """Issue 25: a move that turned the batch's tensors into float16 zeros in place, and returned
+    the batch, passed: the checker compared the result with the batch it had handed over."""
+
+    def zeroes_in_place(batch, device):
+        if isinstance(batch, dict):
+            for key, value in batch.items():
+                if isinstance(value, torch.Tensor):
+                    batch[key] = torch.zeros(value.shape, dtype=torch.float16, device=device)
+                else:
+                    zeroes_in_place(value, device)
+        elif isinstance(batch, list):
+            for i, value in enumerate(batch):
+                if isinstance(value, torch.Tensor):
+                    batch[i] = torch.zeros(value.shape, dtype=torch.float16, device=device)
+                else:
+                    zeroes_in_place(value, device)
+        return move_ref(batch, device)
+
+    fb = check_move_batch(zeroes_in_place, "cpu")
+    assert not fb.passed and "changed its input" in str(fb), str(fb)
+
+
+def test_move_that_zeroes_the_tensors_it_is_given_fails():
+    def zero_then_move(batch, device):
+        batch["x"].zero_()
+        return move_ref(batch, device)
+
+    fb = check_move_batch(zero_then_move, "cpu")
+    assert not fb.passed and "batch['x'] changed its values" in str(fb), str(fb)

@@ -98,3 +98,28 @@ def test_evaluate_that_raises_is_reported() -> None:
 
     fb = ex.check_evaluate(broken)
     assert not fb.passed and "boom" in str(fb)
+
+
+def test_evaluate_that_holds_every_graph_until_one_item_fails() -> None:
+    """Issue 25: adding up the loss tensors and calling .item() once returned a float and left
+    nothing behind, so it passed; its peak was 1,187,344 B against 262,144 B for the solution."""
+
+    def item_once(model, batches):
+        total = 0
+        for x, y in batches:
+            total = total + nn.functional.cross_entropy(model(x), y)
+        return total.item() / len(batches)
+
+    fb = ex.check_evaluate(item_once)
+    assert not fb.passed and "1,187,344 bytes above the start" in str(fb), str(fb)
+
+
+def test_training_state_bytes_placeholder_zero_is_not_an_attempt() -> None:
+    from tutorial_utils.exercises import reset_attempts
+
+    reset_attempts()
+    model = models.MLP(d_in=8, d_hidden=16, d_out=2, depth=2)
+    untouched = ex.check_training_state_bytes(model, 0)  # the cell ships `my_answer = 0  # TODO`
+    assert not untouched.passed and not untouched.answered and untouched.attempt == 0
+    assert ex.check_training_state_bytes(model, 12345).attempt == 1
+    reset_attempts()

@@ -29,7 +29,13 @@ def test_bubble_accepts_the_formula_and_explains_mistakes():
     assert check_bubble(lambda p, m: (p - 1) / (m + p - 1)).passed
     wrong = check_bubble(lambda p, m: (p - 1) / m)
     assert not wrong.passed and "expected" in str(wrong) and wrong.hints
-    none = check_bubble(lambda p, m: None)
+    untouched = check_bubble(lambda p, m: None)  # the notebook's `return None  # TODO`
+    assert not untouched.passed and not untouched.answered and untouched.attempt == 0
+
+    def forgot_return(p, m):
+        (p - 1) / (m + p - 1)
+
+    none = check_bubble(forgot_return)
     assert not none.passed and "returned None" in str(none)
     boom = check_bubble(lambda p, m: 1 / 0)
     assert not boom.passed and "ZeroDivisionError" in str(boom)
@@ -40,7 +46,7 @@ def test_sampler_padding_counts_the_repeated_samples():
     assert check_sampler_padding(16, 0, n=64, world=4).passed
     wrong = check_sampler_padding(21, 0)
     assert not wrong.passed and "22" in str(wrong) and wrong.hints
-    assert "set per_rank" in str(check_sampler_padding(None, None))
+    assert "`per_rank` is still a placeholder (None)" in str(check_sampler_padding(None, None))
 
 
 def _data():
@@ -166,7 +172,8 @@ def test_split_forward_cut_graph_is_caught(kind: str) -> None:
 @pytest.mark.parametrize(
     ("forward", "problem"),
     [
-        (lambda s0, s1, x, d0, d1: None, "returned None"),
+        (lambda s0, s1, x, d0, d1: None, "still a placeholder"),
+        (lambda s0, s1, x, d0, d1: print(end="") or None, "returned None"),
         (lambda s0, s1, x, d0, d1: s1(s0(x)).detach(), "not part of an autograd graph"),
         (lambda s0, s1, x, d0, d1: s0(x), "shape"),
         (lambda s0, s1, x, d0, d1: s1(s0(x)) * 2, "differs from stage1(stage0(x))"),
@@ -203,3 +210,54 @@ def test_allreduce_counts_right_and_wrong() -> None:
 def test_allreduce_counts_bad_setup_raises() -> None:
     with pytest.raises(ValueError, match="k must be"):
         check_allreduce_counts(8, 1, k=0)
+
+
+def test_microbatch_step_with_one_full_batch_backward_fails():
+    """Issue 25: one backward on the whole batch gives the full-batch gradients, so it passed."""
+    x, y = _data()
+
+    def full_batch(model, x, y, m):
+        F.mse_loss(model(x), y).backward()
+
+    fb = check_microbatch_step(full_batch, _model(), x, y, m=4)
+    assert not fb.passed and "ran 1 backward pass(es)" in str(fb), str(fb)
+
+
+def test_microbatch_step_works_on_copies_of_the_notebooks_data():
+    x, y = _data()
+    kept = x.clone()
+
+    def zeroes_x(model, x, y, m):
+        x.zero_()
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (F.mse_loss(model(xm), ym) / m).backward()
+
+    fb = check_microbatch_step(zeroes_x, _model(), x, y, m=4)
+    assert not fb.passed and "x changed its values" in str(fb) and torch.equal(x, kept)
+
+
+def test_microbatch_step_that_adds_a_parameter_gets_a_sentence():
+    """Issue 25: ``zip() argument 2 is shorter`` came out of the checker."""
+    x, y = _data()
+
+    def adds(model, x, y, m):
+        model.extra = nn.Parameter(torch.zeros(2))
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (F.mse_loss(model(xm), ym) / m).backward()
+
+    fb = check_microbatch_step(adds, _model(), x, y, m=4)
+    assert not fb.passed and "changed the model's parameters" in str(fb), str(fb)
+
+
+def test_microbatch_step_with_int64_data_raises_one_sentence():
+    x, y = _data()
+    with pytest.raises(ValueError, match="floating-point tensors, not torch.int64"):
+        check_microbatch_step(lambda *a: None, _model(), x.long(), y, m=4)
+
+
+def test_split_forward_on_a_device_this_machine_lacks_raises_one_sentence(
+    cuda_build_without_driver,
+):
+    """Issue 25: ``['cpu', 'cuda']`` on a machine without CUDA raised torch's own error."""
+    with pytest.raises(devices.DeviceUnavailableError, match="CUDA is not available"):
+        check_split_forward(lambda *a: None, ["cpu", "cuda"])

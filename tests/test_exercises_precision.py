@@ -148,9 +148,38 @@ def test_clipping_before_unscale_is_caught_and_explained() -> None:
     [
         (_clip_step(unscale=True, clip=False), "above max_norm"),
         (_clip_step(unscale=False, clip=False, use_scaler=False), "use the scaler"),
-        (lambda *args: None, "use the scaler"),
+        (lambda *args: None, "still a placeholder"),  # a step that does nothing yet
     ],
 )
 def test_clipped_step_wrong_answers_fail(step, problem: str) -> None:
     fb = ex.check_clipped_step(step)
     assert not fb.passed and problem in " ".join(fb.problems)
+
+
+def test_amp_step_that_zeroes_its_targets_fails() -> None:
+    """Issue 25: ``targets.zero_()`` passed: the reference ran after the step, on the same
+    (zeroed) targets. The reference now runs first, and the step gets copies."""
+
+    def zeroes_targets(model, optimizer, scaler, inputs, targets, device_type, dtype):
+        targets.zero_()
+        return _good(model, optimizer, scaler, inputs, targets, device_type, dtype)
+
+    fb = ex.check_amp_step(zeroes_targets)
+    assert not fb.passed and "targets changed its values" in str(fb), str(fb)
+
+
+def test_clipped_step_with_a_wrong_loss_fails() -> None:
+    """Issue 25: the clipping check read only the gradients; a wrong returned loss passed."""
+    right = _clip_step(unscale=True, clip=True)
+
+    def wrong_loss(*args):
+        right(*args)
+        return torch.tensor(0.5)
+
+    fb = ex.check_clipped_step(wrong_loss)
+    assert not fb.passed and "this batch's loss is" in str(fb), str(fb)
+
+
+def test_fp16_survival_with_values_none_says_what_to_pass() -> None:
+    with pytest.raises(ValueError, match="values must be a non-empty list of finite numbers"):
+        ex.check_fp16_survival({1.0: "ok"}, values=None)

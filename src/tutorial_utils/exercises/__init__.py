@@ -24,6 +24,13 @@ the same exercise in the same kernel, or ``feedback.explain()`` (``print(feedbac
 ``str(feedback)`` also give the whole report). ``assert_passed()`` always lists every problem.
 ``reset_attempts()`` forgets the attempts (a fresh start, and test isolation).
 
+An untouched exercise cell is not an attempt. A checker names the arguments that hold the
+learner's answer (``@checker(answers=("answer",))``); when one of them is still a placeholder
+(``...``, ``None``, ``"TODO"``, a function whose body only returns ``None``, a dict of
+placeholders, and ``0`` where the checker says so with ``zero=True``), the feedback says "Not
+answered yet: fill in the TODO" and the attempt is not counted, so Run All on a fresh notebook
+leaves every exercise's first real answer a hint.
+
 Writing a checker (every checker in this package follows this shape)::
 
     import torch
@@ -52,6 +59,12 @@ Writing a checker (every checker in this package follows this shape)::
 - ``run(what, fn, *args, returns=type)`` calls the learner's code once. An exception becomes
   the problem "``what`` raised ValueError: ...", and ``returns`` rejects ``None`` (a missing
   ``return``) and any other type, with a sentence; either way the check stops there.
+- The learner's code gets copies, never the checker's (or the notebook's) own data: wrap an
+  input in ``answers.Given("batch", batch)`` when passing it to ``run``. ``run`` hands the
+  learner a fresh private copy and, after the call, fails the check with a sentence when the
+  code changed it (``labels.zero_()``, ``t.resize_()``, an entry of a dict replaced). The
+  checker computes its reference from the original, which the learner's code never saw;
+  compute it *before* calling the learner's code all the same.
 - Never trust a learner's value to compare itself: ``mock.ANY`` and an ``int`` subclass with
   ``__eq__`` returning True equal everything, and NaN compares false both ways (``max(0.0,
   nan)`` is 0.0). Normalise first with ``answers.whole_number``, ``finite_number`` or
@@ -70,6 +83,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,6 +141,7 @@ class Feedback:
     fixes: list[str] = field(default_factory=list)
     detailed: bool = False
     attempt: int = 0  # failed attempts of this exercise so far, this one included (0: not counted)
+    answered: bool = True  # False: the answer is still the exercise's placeholder (not counted)
 
     # --- building ---------------------------------------------------------------------------
 
@@ -142,6 +157,10 @@ class Feedback:
         """Like ``expect``, but a failed requirement ends the check (inside ``@checker``)."""
         if not self.expect(condition, problem, brief=brief):
             raise _Stop(self)
+
+    def stop(self) -> None:
+        """End the check here, with the problems found so far (inside ``@checker``)."""
+        raise _Stop(self)
 
     def fail(self, problem: str, *, brief: str | None = None) -> None:
         """Record ``problem`` and end the check (inside ``@checker``)."""
@@ -168,12 +187,20 @@ class Feedback:
                 f"pass a function: {_describe(fn)} is {_a(type(fn).__name__)}",
                 brief="the answer must be a function",
             )
+        from .answers import Given  # answers imports this module: import it when first used
+
+        given = [a for a in (*args, *kwargs.values()) if isinstance(a, Given)]
+        handed = {id(g): g.copy() for g in given}  # the learner's copies, one per input
+        args = tuple(handed[id(a)] if isinstance(a, Given) else a for a in args)
+        kwargs = {k: handed[id(v)] if isinstance(v, Given) else v for k, v in kwargs.items()}
         try:
             result = fn(*args, **kwargs)
         except passthrough:
             raise
         except Exception as exc:  # the learner's code: report anything it raises, in one line
             self.fail(f"{what} raised {type(exc).__name__}: {exc}")
+        for g in given:
+            g.require_unchanged(self, what, handed[id(g)])
         if returns is not None and (result is None or not isinstance(result, returns)):
             if result is None:
                 self.fail(
@@ -227,6 +254,11 @@ class Feedback:
     def _text(self, detailed: bool) -> str:
         if self.passed:
             return f"Passed: {self.title}."
+        if not self.answered:
+            lines = [f"Not answered yet: {self.title}."]
+            lines += [f"  - {p}" for p in self.problems]
+            lines += [f"  Hint: {h}" for h in self.hints]
+            return "\n".join(lines)
         lines = [f"Not yet: {self.title}."]
         if detailed:
             lines += [f"  - {p}" for p in self.problems]
@@ -250,6 +282,13 @@ class Feedback:
         title = html.escape(self.title)
         if self.passed:
             return f"<div style='color:#1a7f37'><b>&#10004; Passed:</b> {title}.</div>"
+        if not self.answered:
+            lis = "".join(f"<li>{html.escape(p)}</li>" for p in self.problems)
+            hints = "".join(f"<div><i>Hint:</i> {html.escape(h)}</div>" for h in self.hints)
+            return (
+                f"<div style='color:#9a6700'><b>&#9998; Not answered yet:</b> {title}.</div>"
+                f"<ul>{lis}</ul>" + hints
+            )
         if self.detailed:
             items = self.problems
             extra = [f"<div><i>Hint:</i> {html.escape(h)}</div>" for h in self.hints]
@@ -277,25 +316,49 @@ def reset_attempts() -> None:
     _failures.clear()
 
 
-def checker(fn: F) -> F:
+def checker(
+    fn: F | None = None, *, answers: tuple[str, ...] = (), zero: bool = False
+) -> F | Callable[[F], F]:
     """Decorate a checker: ``require``/``run`` may end it early, and attempts are counted.
 
     The first failed attempt of an exercise (one checker) in this kernel shows the general
     problem and the hints; from the second on, the feedback is ``detailed``. A checker that
     grades several exercises of one notebook is called with ``attempt_key="..."`` (one name per
     exercise), so each exercise counts its own attempts and starts with a hint.
+
+    ``answers`` names the checker's arguments that hold the learner's answer: when one of them is
+    still the exercise's placeholder (see ``answers.placeholder``; ``zero=True`` counts a bare
+    ``0`` as one, for exercises that start from ``answer = 0``), the feedback is "not answered
+    yet" and no attempt is counted. Use as ``@checker`` or ``@checker(answers=("answer",))``.
     """
+    if fn is None:
+        return lambda f: _counted(f, answers, zero)
+    return _counted(fn, answers, zero)
+
+
+def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
     key = f"{fn.__module__}.{fn.__qualname__}"
+    signature = inspect.signature(fn)
+    unknown = set(answer_names) - set(signature.parameters)
+    if unknown:
+        raise ValueError(f"@checker(answers=...) names no argument of {key}: {sorted(unknown)}")
 
     @functools.wraps(fn)
     def wrapper(*args: Any, attempt_key: str | None = None, **kwargs: Any) -> Feedback:
         if attempt_key is not None and not isinstance(attempt_key, str):
             raise ValueError(f"attempt_key names an exercise with a string, not {attempt_key!r}")
         counted = key if attempt_key is None else f"{key}[{attempt_key}]"
+        unanswered = _placeholders(signature, answer_names, zero, args, kwargs)
         try:
             fb = fn(*args, **kwargs)
         except _Stop as stop:
             fb = stop.feedback
+        if unanswered and not fb.passed:
+            fb.answered = False
+            fb.problems, fb.briefs = list(unanswered), list(unanswered)
+            fb.fixes = []
+            fb.detailed, fb.attempt = False, 0
+            return fb
         if not fb.passed:
             _failures[counted] += 1
             fb.attempt = _failures[counted]
@@ -303,3 +366,28 @@ def checker(fn: F) -> F:
         return fb
 
     return wrapper  # type: ignore[return-value]
+
+
+def _placeholders(
+    signature: inspect.Signature, names: tuple[str, ...], zero: bool, args: tuple, kwargs: dict
+) -> list[str]:
+    """A sentence for each of the learner's answers that is still a placeholder."""
+    if not names:
+        return []
+    from .answers import placeholder  # answers imports this module
+
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return []  # the checker itself will say what is wrong with the call
+    bound.apply_defaults()
+    found = []
+    for name in names:
+        what = placeholder(bound.arguments.get(name), zero=zero)
+        if what is not None:
+            label = "the answer" if name == "answer" else f"`{name}`"
+            found.append(
+                f"{label} is still a placeholder ({what}): fill in the TODO in the exercise "
+                "cell, then run it again (this run did not count as an attempt)"
+            )
+    return found

@@ -11,9 +11,14 @@ tensor made on the CPU by mistake shows as a device mismatch even without a GPU.
 
 from __future__ import annotations
 
+import copy
+import dis
 import math
 import numbers
 import operator
+import types
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -22,10 +27,12 @@ from . import _describe as describe
 
 __all__ = [
     "META",
+    "Given",
     "checker_device",
     "describe",
     "finite_number",
     "number_problem",
+    "placeholder",
     "same_device",
     "tensor_number",
     "whole_number",
@@ -98,3 +105,131 @@ def number_problem(what: str, value: object) -> str:
     if value is None:
         return f"{what} returned None: is the `return` statement missing?"
     return f"{what} returned {describe(value)}: return a finite number"
+
+
+# -----------------------------------------------------------------------------
+# Placeholders: what an exercise cell holds before the learner touched it
+
+_NOTHING_OPS = {"RESUME", "NOP", "CACHE", "LOAD_CONST", "RETURN_CONST", "RETURN_VALUE"}
+
+
+def _does_nothing(fn: types.FunctionType) -> bool:
+    """Is ``fn``'s body only ``pass``, ``...``, ``return None`` or ``return ...`` (a docstring
+    allowed)? Read from its bytecode, so it works for functions typed in a notebook."""
+    for ins in dis.get_instructions(fn):
+        if ins.opname not in _NOTHING_OPS:
+            return False
+        if ins.opname in ("LOAD_CONST", "RETURN_CONST") and ins.argval not in (None, Ellipsis):
+            return False
+    return True
+
+
+def placeholder(value: object, *, zero: bool = False) -> str | None:
+    """How ``value`` shows it is still an exercise's placeholder, or ``None`` when it is an answer.
+
+    Placeholders are what the notebooks' TODO cells hold: ``...``, ``None``, a string starting
+    with ``TODO`` (or an empty one), a function whose body only returns ``None`` (``pass``,
+    ``...``), a non-empty dict whose values are all placeholders (``{70000.0: "TODO"}``), and,
+    with ``zero=True``, a bare ``0`` (an exercise that starts from ``answer = 0``). Anything
+    the learner computed is an answer, right or wrong: a function with a body, ``0.0``, ``5``.
+    """
+    if value is Ellipsis:
+        return "`...`"
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        text = value.strip()
+        return repr(value) if not text or text.upper().startswith("TODO") else None
+    if zero and type(value) is int and value == 0:
+        return "0"
+    if isinstance(value, types.FunctionType) and _does_nothing(value):
+        return f"{value.__name__} does nothing yet: it returns None"
+    if type(value) is dict and value and all(placeholder(v) for v in value.values()):
+        return "a dict of TODO placeholders"
+    return None
+
+
+# -----------------------------------------------------------------------------
+# Given: an input the learner's code gets a copy of
+
+
+def _changes(original: Any, handed: Any, where: str) -> str | None:
+    """The first way ``handed`` (the learner's copy) differs from ``original``, in words."""
+    if isinstance(original, torch.Tensor):
+        if not isinstance(handed, torch.Tensor):
+            return f"{where} was replaced by {describe(handed)}"
+        for attr in ("dtype", "device"):
+            if getattr(handed, attr) != getattr(original, attr):
+                return (
+                    f"{where} changed {attr} from {getattr(original, attr)} to "
+                    f"{getattr(handed, attr)}"
+                )
+        if handed.shape != original.shape:
+            return f"{where} changed shape from {tuple(original.shape)} to {tuple(handed.shape)}"
+        if handed.requires_grad != original.requires_grad:
+            return f"{where} changed requires_grad to {handed.requires_grad}"
+        if original.device.type != "meta":
+            a, b = original.detach(), handed.detach()
+            same = torch.equal(a, b) or (
+                a.is_floating_point() and bool(((a == b) | (a.isnan() & b.isnan())).all())
+            )
+            if not same:
+                return f"{where} changed its values (an in-place operation such as .zero_())"
+        return None
+    if isinstance(original, dict):
+        if type(handed) is not type(original) or list(handed) != list(original):
+            return f"the keys of {where} changed"
+        for key in original:
+            found = _changes(original[key], handed[key], f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(original, (list, tuple)):
+        if type(handed) is not type(original) or len(handed) != len(original):
+            return f"{where} changed its length or type"
+        for i, (o, h) in enumerate(zip(original, handed, strict=True)):
+            found = _changes(o, h, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if type(handed) is not type(original) or handed != original:
+        return f"{where} was changed to {describe(handed)}"
+    return None
+
+
+@dataclass(frozen=True)
+class Given:
+    """An input for the learner's code: ``Feedback.run`` hands over a copy, then checks it.
+
+    The checker keeps ``value`` (its own data, or the notebook's) for the reference, and the
+    learner's code never sees it: ``copy()`` makes the copy the code gets (tensors, dicts,
+    lists and tuples copied deeply, views kept as views), ``require_unchanged`` fails the
+    check with a sentence when the code changed that copy. So ``labels.zero_()`` in a step
+    neither fools the reference nor wipes the notebook's labels.
+    """
+
+    name: str
+    value: Any
+
+    def copy(self) -> Any:
+        """A private copy of ``value`` for the learner's code (views of one tensor stay views)."""
+        try:
+            return copy.deepcopy(self.value)
+        except RuntimeError as err:  # a non-leaf tensor: the checker's own bug
+            raise ValueError(
+                f"the checker's input {self.name} cannot be copied ({err}): pass plain data"
+            ) from None
+
+    def changes(self, handed: Any) -> str | None:
+        """How the learner's copy ``handed`` differs from the original, or ``None``."""
+        return _changes(self.value, handed, self.name)
+
+    def require_unchanged(self, fb: Any, what: str, handed: Any) -> None:
+        """Fail ``fb`` (a ``Feedback``) when the learner's code changed its copy."""
+        found = self.changes(handed)
+        fb.require(
+            found is None,
+            f"{what} changed its input: {found}. Leave the inputs as they are: compute new "
+            "tensors from them (out of place) or work on a copy",
+            brief=f"{what} changes the {self.name} it is given",
+        )

@@ -1,42 +1,59 @@
 """The capstone's grader (notebook 07): does your training step fit the budget, and still train?
 
 ``grade(train_step, task)`` runs your ``train_step(model, optimizer, tokens, labels) -> float``
-three ways and reports every problem it finds:
+and reports every problem it finds. Its references come first, from the task's own batch, which
+your step never sees: every call gets a fresh copy of ``tokens`` and ``labels``, and a step that
+changes its copy (``labels.zero_()``) is refused. The notebook's tensors are never handed out.
 
-1. once, unbudgeted, from a fresh model, recording the gradients your step hands to
-   ``optimizer.step()``: they must match the full-batch gradients (same direction, same size),
-   so a step that drops samples or scales the loss wrongly is caught;
+1. Once, unbudgeted, from a fresh model: the gradients your step hands to ``optimizer.step()``
+   must be the full-batch gradients (within 2.5%: bf16 autocast is about 0.5% off; a loss
+   divided by ``k + 1`` instead of ``k`` is 6% off), so a step that drops samples or scales the
+   loss wrongly is caught even when it does not fit.
 2. ``task.steps`` times inside ``memory.budget(task.budget_bytes)``: no out-of-memory error, and
-   the peak measured by ``memory.measure`` stays under the budget;
-3. the losses it returns must be finite numbers, and fall.
-
-It must call ``optimizer.step()`` exactly once per call.
+   the peak measured by ``memory.measure`` stays under the budget. *Every* one of these calls
+   must show that it trained on the whole batch: it calls ``optimizer.step()`` exactly once,
+   the gradients it hands to it match the full-batch gradients at the weights the call started
+   from, the weights after it are what Adam's own step gives with those gradients, the model
+   keeps its parameters, and the loss it returns is the batch's loss at those weights. The
+   grader copies what it needs (weights, gradients) into host memory outside the tensor books,
+   and checks after the last call, so none of this counts against your budget.
+3. The losses it returns must be finite numbers, and fall.
 
 A peak is only worth grading if the whole step was counted. On a GPU the caching allocator
 counts every byte of the process, whatever thread asks. On the CPU the count is
 ``memory``'s accountant, a dispatch mode that sees only the operators of its own thread while
 it is on the dispatch stack. So in step 2 on the CPU the grader watches the step run: hooks on
 every module and every parameter check that the forward and backward passes run on the
-grading thread, with the accountant on the stack and torch dispatch not turned off. And on
-every device it compares the books with what the step itself produced: the gradients and
-optimizer state it made must show up in the measured peak. A step that hides its memory (in
-a thread, under ``_disable_current_modes()`` or ``torch._C._DisableTorchDispatch()``) is
-refused, not graded.
+grading thread, with the accountant on the stack and torch dispatch not turned off, and that
+the accountant's books are the grader's: the budget still set, its windows open, the peak never
+lowered. And on every device it compares the books with what the step itself produced: the
+gradients and optimizer state it made must show up in the measured peak. A step that hides its
+memory (in a thread, under ``_disable_current_modes()`` or ``torch._C._DisableTorchDispatch()``)
+or edits the accountant (lifts the budget's limit, resets the peak) is refused, not graded.
+
+Out of scope: Python lets any code rewrite any object, this grader included. A step that
+replaces the grader's or the accountant's functions, or edits the books and puts them back
+between two of the grader's looks (a module's forward, a gradient's accumulation, the end of
+the call), is not something a checker in the same process can rule out; on a GPU the grader
+does not watch the allocator's counters during the call (``reset_peak_memory_stats`` inside a
+step is not detected there).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
-from .. import memory
+from .. import accounting, memory
 from ..units import format_bytes
 from . import Feedback, checker
-from .answers import checker_device, describe, finite_number, tensor_number, whole_number
+from .answers import Given, checker_device, describe, finite_number, tensor_number, whole_number
 
 __all__ = ["CapstoneTask", "Grade", "check_fastest_fit", "grade", "reference_gradients"]
 
@@ -97,27 +114,52 @@ class CapstoneTask:
         return model, torch.optim.Adam(model.parameters(), lr=self.lr)
 
 
-class _CountingOptimizer:
-    """Wraps the real optimizer: counts ``step()`` calls and can copy the gradients it is given."""
+# --- host copies: what the grader keeps, outside the tensor books ---------------------------
 
-    def __init__(self, optimizer: torch.optim.Optimizer, record: bool):
+
+def _host(t: torch.Tensor | None) -> tuple[np.ndarray, torch.dtype] | None:
+    """A private copy of ``t`` in host memory that no tensor count sees (a numpy array is no
+    torch storage), so the grader's records never count against the learner's budget."""
+    if t is None:
+        return None
+    t = t.detach()
+    dtype = t.dtype
+    if dtype == torch.bfloat16:  # numpy has no bfloat16: keep the bits
+        t = t.view(torch.int16)
+    return np.array(t.cpu().numpy(), copy=True), dtype
+
+
+def _tensor(host: tuple[np.ndarray, torch.dtype], device: torch.device) -> torch.Tensor:
+    array, dtype = host
+    t = torch.from_numpy(array.copy())
+    return (t.view(dtype) if dtype == torch.bfloat16 else t).to(device)
+
+
+class _CountingOptimizer:
+    """Wraps the real optimizer: counts ``step()`` calls and keeps the gradients it is given.
+
+    ``calls`` holds, per call of the learner's step (``new_call()``), the gradients handed to
+    each ``step()`` in host memory (``_host``): the grader checks them after the last call.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
         self._optimizer = optimizer
-        self._record = record
         self.steps = 0
-        self.grads: list[torch.Tensor | None] = []
+        self.calls: list[list[list]] = []
         self.grad_bytes = 0  # the most gradient bytes handed to one step()
 
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self._optimizer.param_groups for p in group["params"]]
 
+    def new_call(self) -> None:
+        self.calls.append([])
+
     def step(self, *args, **kwargs):
         self.steps += 1
         params = self._params()
         self.grad_bytes = max(self.grad_bytes, _storage_bytes(p.grad for p in params))
-        if self._record and self.steps == 1:
-            self.grads = [
-                None if p.grad is None else p.grad.detach().float().clone() for p in params
-            ]
+        if self.calls:
+            self.calls[-1].append([_host(p.grad) for p in params])
         return self._optimizer.step(*args, **kwargs)
 
     def state_bytes(self) -> int:
@@ -142,16 +184,24 @@ class _Watch:
 
     Each module's forward pre-hook and each parameter's post-accumulate-grad hook checks that
     it runs on the grading thread, with at least the dispatch modes that were on the stack when
-    the watch started (the accountant among them), and torch dispatch not turned off.
+    the watch started (the accountant among them), and torch dispatch not turned off. It also
+    checks the accountant's books at each of these moments (``books()``): the same accountant,
+    the grader's windows still open, the budget's limit still set, and the peak never below the
+    highest count seen so far.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, budget_bytes: int | None = None):
         self.model = model
+        self.budget_bytes = budget_bytes
         self.handles: list = []
         self.thread = threading.get_ident()
         self.depth = 0
         self.forwards = 0
         self.elsewhere: set[str] = set()
+        self.edited: set[str] = set()
+        self.acc = None
+        self.windows: list = []
+        self.high = 0
 
     def _check(self, what: str) -> None:
         if threading.get_ident() != self.thread:
@@ -160,12 +210,37 @@ class _Watch:
             self.elsewhere.add(f"the {what} ran with the dispatch modes popped")
         elif torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python):
             self.elsewhere.add(f"the {what} ran with torch dispatch turned off")
-        elif what == "forward pass":
-            self.forwards += 1
+        else:
+            if what == "forward pass":
+                self.forwards += 1
+            self.books()
+
+    def books(self) -> None:
+        """Are the accountant's books still the grader's? Records what was edited, if not."""
+        acc = self.acc
+        if acc is None:
+            return
+        if getattr(accounting._local, "shared", None) is not acc:
+            self.edited.add("the accountant was replaced")
+            return
+        if any(w not in acc.windows for w in self.windows):
+            self.edited.add("a window of the grader's count was closed")
+            return
+        limited = [w for w in self.windows if w.limit is not None]
+        if not acc.limited or any(w.limit != self.budget_bytes for w in limited) or not limited:
+            self.edited.add("the budget's limit was lifted")
+        self.high = max(self.high, acc.current)
+        if min(acc.window_peak(w) for w in self.windows) < self.high:
+            self.edited.add("the peak was reset")
 
     def __enter__(self) -> _Watch:
         self.thread = threading.get_ident()
         self.depth = torch._C._len_torch_dispatch_stack()
+        acc = getattr(accounting._local, "shared", None)
+        if acc is not None and self.budget_bytes is not None:
+            # measure()'s window and budget()'s, the last two opened (the grader's)
+            self.acc, self.windows = acc, list(acc.windows[-2:])
+            self.high = acc.current
         for module in self.model.modules():
             self.handles.append(
                 module.register_forward_pre_hook(lambda *_: self._check("forward pass"))
@@ -183,14 +258,55 @@ class _Watch:
         self.handles.clear()
 
 
-def reference_gradients(task: CapstoneTask) -> list[torch.Tensor]:
-    """The plain full-batch gradients of a fresh model: what a correct step must reproduce."""
+class _Autocast:
+    """Forward pre-hooks on every module: under which autocast dtype did the step's forward run?
+
+    ``seen`` is the first autocast dtype seen since ``clear()`` (``None``: no autocast), so the
+    reference runs the way the step did: bf16 autocast shifts the gradients by a few percent,
+    more than a wrong weighting of micro-batches may hide in.
+    """
+
+    def __init__(self, model: nn.Module, device_type: str):
+        self.device_type = device_type
+        self.seen: torch.dtype | None = None
+        self.handles = [m.register_forward_pre_hook(self._hook) for m in model.modules()]
+
+    def _hook(self, *_) -> None:
+        if self.seen is None and torch.is_autocast_enabled(self.device_type):
+            self.seen = torch.get_autocast_dtype(self.device_type)
+
+    def clear(self) -> torch.dtype | None:
+        seen, self.seen = self.seen, None
+        return seen
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def reference_gradients(task: CapstoneTask, autocast: torch.dtype | None = None) -> list:
+    """The plain full-batch gradients of a fresh model: what a correct step must reproduce
+    (the forward under ``autocast``, when the step's ran under it)."""
     model, _ = task.new_run()
-    task.loss_fn(model(task.tokens), task.labels).backward()
-    return [
+    return _reference_at(task, model, autocast)[0]
+
+
+def _reference_at(
+    task: CapstoneTask, model: nn.Module, autocast: torch.dtype | None = None
+) -> tuple[list[torch.Tensor], float]:
+    """The full-batch gradients (fp32) and loss of ``model`` on the task's own batch."""
+    model.zero_grad(set_to_none=True)
+    device_type = task.device.type
+    with torch.autocast(device_type, dtype=autocast or torch.bfloat16, enabled=bool(autocast)):
+        logits = model(task.tokens)
+    loss = task.loss_fn(logits, task.labels)
+    loss.backward()
+    grads = [
         torch.zeros_like(p, dtype=torch.float32) if p.grad is None else p.grad.detach().float()
         for p in model.parameters()
     ]
+    model.zero_grad(set_to_none=True)
+    return grads, float(loss.detach())
 
 
 @dataclass(frozen=True)
@@ -200,39 +316,62 @@ class Grade:
     losses: tuple[float, ...]
 
 
-def _compare_grads(fb: Feedback, got: list, want: list[torch.Tensor]) -> None:
-    fb.require(len(got) > 0, "your step never called optimizer.step()")
+GRADIENT_TOLERANCE = 0.025  # |g - full batch| / |full batch|: bf16 autocast is ~0.005, k+1 ~0.06
+
+
+def _compare_grads(
+    fb: Feedback, got: list, want: list[torch.Tensor], when: str = "", stop: bool = True
+) -> None:
+    """``got``: the gradients handed to ``optimizer.step()``; ``want``: the full batch's.
+
+    A wrong direction or size ends the check when ``stop``; otherwise it is recorded and the
+    grading goes on (the first, unbudgeted call: the budgeted calls still have their say)."""
+    at = f" {when}" if when else ""
+    fb.require(len(got) > 0, f"your step never called optimizer.step(){at}")
     fb.require(
         all(g is not None for g in got),
-        "some parameters had no gradient at optimizer.step()",
+        f"some parameters had no gradient at optimizer.step(){at}",
         brief="some parameters had no gradient",
     )
     fb.require(
         len(got) == len(want) and all(g.shape == w.shape for g, w in zip(got, want, strict=True)),
         "the optimizer's parameters are not the model's",
     )
-    g = torch.cat([t.flatten() for t in got])
+    g = torch.cat([t.flatten().float() for t in got])
     w = torch.cat([t.flatten() for t in want])
     fb.require(
         bool(torch.isfinite(g).all()),
-        "some gradients are NaN or infinite at optimizer.step()",
+        f"some gradients are NaN or infinite at optimizer.step(){at}",
         brief="some gradients are not finite",
     )
+    error = float((g - w).norm() / w.norm())
+    if error <= GRADIENT_TOLERANCE:
+        return
     ratio = float(g.norm() / w.norm())
     cosine = float(torch.nn.functional.cosine_similarity(g, w, dim=0))
-    fb.expect(
-        cosine > 0.99,
-        f"your gradients point in another direction than the full batch's (cosine {cosine:.3f}): "
-        "does every sample of the batch take part in the step?",
-        brief="your gradients are not the full batch's",
-    )
-    if cosine > 0.99:
-        fb.expect(
-            0.9 < ratio < 1.1,
-            f"your gradients are {ratio:.2f}x the full-batch gradients: with k micro-batches, "
-            "divide each micro-batch's loss by k",
-            brief="your gradients have the wrong size",
+    if cosine <= 0.99:
+        problem = (
+            f"your gradients{at} point in another direction than the full batch's (cosine "
+            f"{cosine:.3f}): does every sample of the batch take part in the step?"
         )
+        brief = "your gradients are not the full batch's"
+    elif abs(ratio - 1) > GRADIENT_TOLERANCE:
+        problem = (
+            f"your gradients{at} are {ratio:.2f}x the full-batch gradients ({error:.1%} off; "
+            f"at most {GRADIENT_TOLERANCE:.1%} is allowed): with k micro-batches, divide each "
+            "micro-batch's loss by k"
+        )
+        brief = "your gradients have the wrong size"
+    else:
+        problem = (
+            f"your gradients{at} differ from the full batch's by {error:.1%} (at most "
+            f"{GRADIENT_TOLERANCE:.1%} is allowed): does every sample count once, with the same "
+            "weight (equal micro-batches, each loss divided by k)?"
+        )
+        brief = "your gradients are not the full batch's"
+    fb.expect(False, problem, brief=brief)
+    if stop:
+        fb.stop()
 
 
 def _loss_value(loss: object) -> float | None:
@@ -257,7 +396,27 @@ def grade(train_step: Callable, task: CapstoneTask, exercise: str | None = None)
     return Grade(feedback, result.get("peak"), tuple(result.get("losses", ())))
 
 
-@checker
+@dataclass
+class _Call:
+    """What the grader kept of one budgeted call, in host memory (``_host``)."""
+
+    before: list  # the weights the call started from
+    after: list = field(default_factory=list)  # the weights it left
+    loss: float | None = None
+    autocast: torch.dtype | None = None  # the autocast dtype its forward ran under
+
+
+def _same_parameters(fb: Feedback, model: nn.Module, shapes: list, what: str) -> None:
+    now = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    fb.require(
+        now == shapes,
+        f"{what} changed the model's parameters ({len(shapes)} before, {len(now)} after, or "
+        "their names or shapes): train the model as it is given",
+        brief="your step changes the model's parameters",
+    )
+
+
+@checker(answers=("train_step",))
 def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     fb = Feedback(f"fit a training step in {format_bytes(task.budget_bytes)} and keep learning")
     fb.hint(
@@ -273,38 +432,63 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         f"train_step must be a function, not {type(train_step).__name__}",
         brief="train_step is not a function",
     )
-    # 1. The gradients of one step, unbudgeted.
+    tokens, labels = Given("tokens", task.tokens), Given("labels", task.labels)
+    # 1. The gradients of one step, unbudgeted; the references first (with and without autocast).
+    want = {None: reference_gradients(task)}
     model, optimizer = task.new_run()
-    counting = _CountingOptimizer(optimizer, record=True)
-    fb.run("your train_step", train_step, model, counting, task.tokens, task.labels)
+    shapes = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    counting = _CountingOptimizer(optimizer)
+    counting.new_call()
+    autocast = _Autocast(model, task.device.type)
+    try:
+        fb.run("your train_step", train_step, model, counting, tokens, labels)
+    finally:
+        autocast.remove()
+    seen = autocast.clear()
+    if seen not in want:
+        want[seen] = reference_gradients(task, seen)
+    _same_parameters(fb, model, shapes, "your train_step")
     fb.expect(
         counting.steps == 1,
         f"call optimizer.step() exactly once per train_step (it was called {counting.steps} times)",
         brief="optimizer.step() is not called exactly once",
     )
-    _compare_grads(fb, counting.grads, reference_gradients(task))
-    del model, optimizer, counting
+    recorded = counting.calls[0]
+    device = task.device
+    handed = (
+        [] if not recorded else [None if g is None else _tensor(g, device) for g in recorded[0]]
+    )
+    _compare_grads(fb, handed, want[seen], stop=False)
+    # nothing of the first call may stay alive: the budget counts every tensor in the process
+    del model, optimizer, counting, recorded, handed, want
 
-    # 2. Several steps inside the budget, watched.
+    # 2. Several steps inside the budget, watched, each one kept for the checks after.
     model, optimizer = task.new_run()
-    counting = _CountingOptimizer(optimizer, record=False)
+    counting = _CountingOptimizer(optimizer)
+    calls: list[_Call] = []
     losses: list[float] = []
-    watch = _Watch(model)
     on_cpu = task.device.type == "cpu"
+    watch = _Watch(model, task.budget_bytes)
+    autocast = _Autocast(model, task.device.type)
     try:
         with memory.measure(task.device) as m, memory.budget(task.budget_bytes, task.device):
             if on_cpu:
                 watch.__enter__()
             for i in range(task.steps):
+                calls.append(_Call([_host(p) for p in model.parameters()]))
+                counting.new_call()
                 loss = fb.run(
                     f"your train_step (step {i + 1})",
                     train_step,
                     model,
                     counting,
-                    task.tokens,
-                    task.labels,
+                    tokens,
+                    labels,
                     passthrough=(torch.OutOfMemoryError,),
                 )
+                watch.books()
+                calls[-1].after = [_host(p) for p in model.parameters()]
+                calls[-1].autocast = autocast.clear()
                 value = _loss_value(loss)
                 fb.require(
                     value is not None,
@@ -312,6 +496,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
                     f"{describe(loss)}",
                     brief="train_step does not return the loss as a number",
                 )
+                calls[-1].loss = value
                 losses.append(value)
     except torch.OutOfMemoryError as err:
         first = str(err).strip().splitlines()[0]
@@ -321,6 +506,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         )
     finally:
         watch.__exit__()
+        autocast.remove()
     result["losses"] = losses
     if watch.elsewhere or (on_cpu and watch.forwards == 0):
         seen = "; ".join(sorted(watch.elsewhere)) or "the model's forward never ran in view"
@@ -328,6 +514,13 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
             f"the grader could not count part of your step's memory ({seen}): run the whole "
             "step in the calling thread, without turning dispatch modes off",
             brief="part of your step ran where the grader cannot measure it",
+        )
+    if watch.edited:
+        fb.fail(
+            "your step changed the grader's memory count ("
+            + "; ".join(sorted(watch.edited))
+            + "): leave memory.budget and memory.measure as they are, and fit the budget",
+            brief="your step edits the grader's memory count",
         )
     made = counting.grad_bytes + counting.state_bytes()  # what the step itself produced
     fb.require(
@@ -345,6 +538,8 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         f"{format_bytes(task.budget_bytes)}",
         brief="the peak is over the budget",
     )
+    _same_parameters(fb, model, shapes, "your train_step")
+    _check_every_call(fb, task, calls, counting.calls)
     # 3. Still learning.
     fb.expect(
         losses[-1] < losses[0],
@@ -353,6 +548,60 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         brief="the loss does not fall",
     )
     return fb
+
+
+def _check_every_call(fb: Feedback, task: CapstoneTask, calls: list[_Call], steps: list) -> None:
+    """After the budgeted calls: did each one train on the whole batch, with Adam's own step?
+
+    For each call, from the weights it started from: the full-batch gradients and loss (the
+    reference), then Adam's step with the gradients the call handed to ``optimizer.step()``
+    (a shadow optimizer that follows the same path), which must give the weights it left.
+    """
+    device = task.device
+    reference, _ = task.new_run()
+    shadow, shadow_opt = task.new_run()
+    wrong_loss = ""
+    for i, (call, handed) in enumerate(zip(calls, steps, strict=True)):
+        if not call.after:  # it ran out of memory (said already): nothing to compare
+            break
+        when = f"in step {i + 1}"
+        fb.require(
+            len(handed) == 1,
+            f"call optimizer.step() exactly once per train_step ({when} it was called "
+            f"{len(handed)} times)",
+            brief="optimizer.step() is not called exactly once",
+        )
+        with torch.no_grad():
+            for p, host in zip(reference.parameters(), call.before, strict=True):
+                p.copy_(_tensor(host, device))
+        want, batch_loss = _reference_at(task, reference, call.autocast)
+        grads = [None if g is None else _tensor(g, device) for g in handed[0]]
+        _compare_grads(fb, grads, want, when)
+        if call.loss is not None and not wrong_loss:
+            if not math.isclose(call.loss, batch_loss, rel_tol=0.02, abs_tol=1e-3):
+                wrong_loss = (
+                    f"{when} train_step returned {call.loss:.4f}, but the batch's loss at the "
+                    f"weights that step started from is {batch_loss:.4f}: return the loss of the "
+                    "whole batch you trained on (the mean over its micro-batches)"
+                )
+        with torch.no_grad():
+            for p, host, g in zip(shadow.parameters(), call.before, grads, strict=True):
+                p.copy_(_tensor(host, device))
+                p.grad = g
+        shadow_opt.step()
+        after = [_tensor(host, device) for host in call.after]
+        fb.require(
+            all(
+                torch.allclose(p.detach(), a, rtol=1e-5, atol=1e-2 * task.lr)
+                for p, a in zip(shadow.parameters(), after, strict=True)
+            ),
+            f"{when} the weights after train_step are not what the optimizer's own step gives "
+            "with the gradients handed to it: step the optimizer once, through "
+            "optimizer.step(), and change the weights no other way",
+            brief="the weights change in some other way than the optimizer's step",
+        )
+        shadow_opt.zero_grad(set_to_none=True)
+    fb.expect(not wrong_loss, wrong_loss, brief="the loss you return is not the batch's loss")
 
 
 def _measured_table(peaks: object, seconds: object) -> dict[str, tuple[int, float]]:
@@ -370,7 +619,7 @@ def _measured_table(peaks: object, seconds: object) -> dict[str, tuple[int, floa
     return table
 
 
-@checker
+@checker(answers=("choice",))
 def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: int) -> Feedback:
     """Exercise: the fastest combination in the measured table whose peak fits the budget.
 

@@ -14,12 +14,12 @@ from torch import nn
 
 from .. import memory
 from . import Feedback, checker
-from .answers import META, checker_device
+from .answers import META, Given, checker_device
 
 __all__ = ["check_build_on", "check_following_module", "check_shape_tensor"]
 
 
-@checker
+@checker(answers=("shape_tensor",))
 def check_shape_tensor(shape_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Feedback:
     """Exercise 1 (the guide's broken snippet, fixed): ``shape_tensor(t)`` returns ``t.shape`` as
     a 1-D int64 tensor on ``t``'s device."""
@@ -27,8 +27,10 @@ def check_shape_tensor(shape_tensor: Callable[[torch.Tensor], torch.Tensor]) -> 
     fb.hint("t.get_device() is an int (-1 on the CPU); what else does a tensor know about itself?")
     fb.fix("return torch.tensor(t.shape, device=t.device)")
     cases = [torch.zeros(2, 3), torch.zeros(4, 5, 6, dtype=torch.float64, device=META)]
-    for t in cases:
-        out = fb.run(f"shape_tensor(a {t.device} tensor)", shape_tensor, t, returns=torch.Tensor)
+    for t in cases:  # the learner's code gets a copy of t: changing it (t.resize_) is caught
+        out = fb.run(
+            f"shape_tensor(a {t.device} tensor)", shape_tensor, Given("t", t), returns=torch.Tensor
+        )
         fb.expect(
             out.device == t.device,
             f"for a tensor on {t.device} the result is on {out.device}: pass device=t.device",
@@ -55,7 +57,7 @@ def check_shape_tensor(shape_tensor: Callable[[torch.Tensor], torch.Tensor]) -> 
     return fb
 
 
-@checker
+@checker(answers=("build",))
 def check_build_on(
     build: Callable[[torch.device], nn.Module], device: torch.device | str = "cpu"
 ) -> Feedback:
@@ -110,7 +112,7 @@ def check_build_on(
     return fb
 
 
-@checker
+@checker(answers=("make",))
 def check_following_module(
     make: Callable[[int], nn.Module], device: torch.device | str = "cpu"
 ) -> Feedback:

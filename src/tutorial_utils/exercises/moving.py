@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from . import Feedback, checker
-from .answers import META, checker_device, describe, same_device, tensor_number
+from .answers import META, Given, checker_device, describe, same_device, tensor_number
 
 __all__ = ["check_accuracy_on_device", "check_move_batch", "check_setup_training"]
 
 
-@checker
+@checker(answers=("setup",))
 def check_setup_training(
     setup: Callable[[torch.device], tuple[nn.Module, torch.optim.Optimizer]],
     device: torch.device | str = "cpu",
@@ -155,14 +155,15 @@ def _compare(fb: Feedback, got: Any, want: Any, where: str, target: torch.device
     )
 
 
-@checker
+@checker(answers=("move",))
 def check_move_batch(
     move: Callable[[Any, torch.device], Any], device: torch.device | str = "cpu"
 ) -> Feedback:
     """Exercise 2: ``move(batch, device)`` moves every tensor in nested dicts, lists and tuples.
 
     Containers keep their type, non-tensor values are returned unchanged, and every tensor
-    lands on ``device`` with its dtype, shape and values kept.
+    lands on ``device`` with its dtype, shape and values kept. ``move`` gets a copy of the
+    batch; the result is compared with the checker's own, and changing the copy in place fails.
     """
     device = checker_device(device, "check_move_batch")
     fb = Feedback("move(batch, device) moves every tensor inside dicts, lists and tuples")
@@ -175,7 +176,9 @@ def check_move_batch(
     floats = torch.linspace(0, 1, 5, dtype=torch.float64)
     batch = {"x": ints, "pair": (floats, "label"), "items": [ints[0], {"deep": floats}, 7]}
     for target in dict.fromkeys([device, META]):
-        out = fb.run(f"move(batch, {str(target)!r})", move, batch, target, returns=object)
+        out = fb.run(
+            f"move(batch, {str(target)!r})", move, Given("batch", batch), target, returns=object
+        )
         fb.require(
             type(out) is dict,
             f"a dict must come back as a dict, got {type(out).__name__}",
@@ -211,7 +214,7 @@ def _accuracy_setup() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]
     return model, batches
 
 
-@checker
+@checker(answers=("accuracy",))
 def check_accuracy_on_device(
     accuracy: Callable[[nn.Module, list, torch.device], Any],
     device: torch.device | str = "cpu",

@@ -8,7 +8,10 @@ factor, says which part was forgotten.
 ``check_evaluate(evaluate)``: the learner fixes an evaluation loop,
 ``evaluate(model, batches) -> float``. The checker runs it under ``memory.measure`` on a
 seeded model and checks that it returns the right mean loss as a plain number (not a tensor
-holding a graph), and that no tensor memory is left behind once it returns.
+holding a graph), that no tensor memory is left behind once it returns, and that the peak
+*while it runs* stays at what one batch at a time needs: a loop that adds up the loss tensors
+and calls ``.item()`` once at the end returns a float and leaves nothing behind, but holds every
+batch's graph until then.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def training_state_bytes(model: nn.Module) -> int:
     return sum(4 * p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-@checker
+@checker(answers=("answer",), zero=True)
 def check_training_state_bytes(model: nn.Module, answer: int | float) -> Feedback:
     """Is ``answer`` the bytes of parameters + gradients + Adam state of ``model``?"""
     if not isinstance(model, nn.Module):
@@ -121,18 +124,31 @@ def _reference_mean_loss(model: nn.Module, batches) -> float:
         )
 
 
-@checker
+def _one_batch_at_a_time_peak(device: torch.device) -> int:
+    """The peak above the start of the most an evaluation may hold: one batch and its graph at a
+    time (``.item()`` per batch, autograd on). ``no_grad`` needs less."""
+    model, batches = _eval_setup(device)
+    with memory.measure(device) as m:
+        total = 0.0
+        for x, y in batches:
+            total += nn.functional.cross_entropy(model(x), y).item()
+    return m.peak_above_start_bytes
+
+
+@checker(answers=("evaluate",))
 def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
     """Run ``evaluate(model, batches)`` under ``memory.measure``: check value, type, memory left."""
     device = checker_device(device, "check_evaluate", allowed=("cuda", "cpu"))
     fb = Feedback("an evaluation loop that keeps no memory")
     fb.hint("what does a loss tensor keep alive while you add it up, and does evaluation need it?")
     fb.fix("with torch.no_grad(): total += loss.item()  ... return total / len(batches)")
+    allowed_peak = _one_batch_at_a_time_peak(device)
     model, batches = _eval_setup(device)
     expected = _reference_mean_loss(model, batches)
     with memory.measure(device) as m:
         result = fb.run("evaluate(model, batches)", evaluate, model, batches)
     kept_while_alive = m.delta_bytes
+    peak = m.peak_above_start_bytes
     if isinstance(result, torch.Tensor):
         if result.requires_grad:
             fb.expect(
@@ -171,6 +187,15 @@ def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "c
             f"{kept_while_alive:,} bytes of tensors were still alive after evaluate returned",
             brief="evaluate leaves tensors behind",
         )
+    if fb.passed:
+        fb.expect(
+            peak <= 1.1 * allowed_peak,
+            f"while evaluate ran, tensor memory peaked {peak:,} bytes above the start, more than "
+            f"one batch at a time needs ({allowed_peak:,}): the loss tensors you add up keep "
+            "every batch's autograd graph alive until the end; add loss.item() per batch "
+            "(under torch.no_grad())",
+            brief="evaluate holds every batch's graph until it returns",
+        )
     return fb
 
 
@@ -185,7 +210,7 @@ def _retry_model() -> nn.Module:
     )
 
 
-@checker
+@checker(answers=("largest_fitting_batch",))
 def check_largest_batch(
     largest_fitting_batch: Callable[[Callable[[int], None], int], Any],
     fits: int = 64,

@@ -24,7 +24,7 @@ from torch.utils.data import DistributedSampler
 
 from ..distributed import LaunchError, launch
 from . import Feedback, checker
-from .answers import describe, finite_number, number_problem, whole_number
+from .answers import Given, checker_device, describe, finite_number, number_problem, whole_number
 
 __all__ = [
     "check_allreduce_counts",
@@ -135,7 +135,7 @@ def check_ddp_script(
     return fb
 
 
-@checker
+@checker(answers=("per_rank", "repeated"))
 def check_sampler_padding(
     per_rank: int | None, repeated: int | None, n: int = 64, world: int = 3
 ) -> Feedback:
@@ -175,7 +175,7 @@ def check_sampler_padding(
     return fb
 
 
-@checker
+@checker(answers=("plain", "with_no_sync"))
 def check_allreduce_counts(
     plain: object, with_no_sync: object, k: int = 8, buckets: int = 1
 ) -> Feedback:
@@ -214,7 +214,7 @@ def check_allreduce_counts(
     return fb
 
 
-@checker
+@checker(answers=("bubble",))
 def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     """``bubble(p, m)``: the fraction of time a GPipe stage idles, p stages and m micro-batches."""
     fb = Feedback("bubble(p, m) is the idle fraction of a GPipe pipeline")
@@ -241,7 +241,7 @@ def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     return fb
 
 
-@checker
+@checker(answers=("step",))
 def check_microbatch_step(
     step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
     model: nn.Module,
@@ -250,10 +250,13 @@ def check_microbatch_step(
     m: int = 4,
     atol: float = 1e-6,
 ) -> Feedback:
-    """``step(model, x, y, m)`` must leave in ``.grad`` the gradients of MSE on the whole batch.
+    """``step(model, x, y, m)`` must leave in ``.grad`` the gradients of MSE on the whole batch,
+    from ``m`` backward passes, one per micro-batch.
 
-    ``model`` is not modified: the checker works on copies. The step must not change the
-    weights (no optimizer step), and every gradient must be finite and match.
+    Nothing of the notebook's is modified: the checker works on copies of ``model``, ``x`` and
+    ``y`` (changing them fails). The step must not change the weights (no optimizer step) or
+    the model's parameters, must call backward ``m`` times (one full-batch backward gives the
+    same gradients but is not the exercise), and every gradient must be finite and match.
     """
     purpose = "check_microbatch_step"
     if not isinstance(model, nn.Module):
@@ -262,6 +265,11 @@ def check_microbatch_step(
         raise ValueError(f"{purpose}: the model has no parameter that requires grad (frozen?)")
     if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or len(x) != len(y):
         raise ValueError(f"{purpose}: x and y must be tensors with the same number of rows")
+    if not (x.is_floating_point() and y.is_floating_point()):
+        raise ValueError(
+            f"{purpose}: x and y must be floating-point tensors, not {x.dtype} and {y.dtype}: "
+            "make them with torch.randn(...) or call .float() on them"
+        )
     m = _positive_int(m, "m", purpose)
     if m > len(x):
         raise ValueError(f"{purpose}: m={m} micro-batches is more than the {len(x)} samples")
@@ -277,11 +285,28 @@ def check_microbatch_step(
     )
     ref = copy.deepcopy(model)
     ref.zero_grad(set_to_none=True)
-    nn.functional.mse_loss(ref(x), y).backward()
+    try:
+        nn.functional.mse_loss(ref(x), y).backward()
+    except RuntimeError as err:
+        first = str(err).splitlines()[0]
+        raise ValueError(f"{purpose}: the model cannot train on x and y ({first})") from None
     mine = copy.deepcopy(model)
     mine.zero_grad(set_to_none=True)
+    shapes = [(name, p.shape) for name, p in mine.named_parameters()]
     weights = [p.detach().clone() for p in mine.parameters()]
-    fb.run("step(model, x, y, m)", step, mine, x, y, m)
+    first_param = next(p for p in mine.parameters() if p.requires_grad)
+    backwards: list[int] = []  # one entry per backward pass that reached the model
+    hook = first_param.register_post_accumulate_grad_hook(lambda p: backwards.append(1))
+    try:
+        fb.run("step(model, x, y, m)", step, mine, Given("x", x), Given("y", y), m)
+    finally:
+        hook.remove()
+    fb.require(
+        [(name, p.shape) for name, p in mine.named_parameters()] == shapes,
+        "the step changed the model's parameters (added, removed or reshaped some): only "
+        "compute the gradients of the model as it is given",
+        brief="the step changed the model's parameters",
+    )
     pairs = [
         (name, p.grad, q.grad)
         for (name, p), q in zip(mine.named_parameters(), ref.parameters(), strict=True)
@@ -303,6 +328,13 @@ def check_microbatch_step(
         all(bool(torch.isfinite(g).all()) for _, g, _ in pairs),
         "some gradients are NaN or infinite",
         brief="some gradients are not finite",
+    )
+    fb.expect(
+        len(backwards) == m,
+        f"the step ran {len(backwards)} backward pass(es) through the model; with m={m} "
+        f"micro-batches, call backward once per micro-batch ({m} passes), so only one "
+        "micro-batch's activations are alive at a time",
+        brief=f"the step does not run one backward pass per micro-batch ({m})",
     )
     diff = max((g - r).abs().max().item() for _, g, r in pairs)
     if not math.isfinite(diff) or diff > atol:
@@ -326,7 +358,7 @@ def _two_stages(d0: torch.device, d1: torch.device) -> tuple[nn.Module, nn.Modul
     return stage0, stage1
 
 
-@checker
+@checker(answers=("forward",))
 def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
     """``forward(stage0, stage1, x, d0, d1) -> output``: run stage 0 on ``d0``, stage 1 on ``d1``.
 
@@ -343,7 +375,7 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
         raise ValueError(need) from None
     if len(pair) < 2:
         raise ValueError(need)
-    d0, d1 = pair[0], pair[1]
+    d0, d1 = (checker_device(d, "check_split_forward") for d in pair[:2])
     fb = Feedback("a forward pass split over two devices that autograd can go back through")
     fb.hint(
         "compare which parameters get a gradient: does anything on the way from stage 0 to "
@@ -360,7 +392,9 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
     nn.functional.mse_loss(ref_out, y).backward()
 
     stage0, stage1 = _two_stages(d0, d1)
-    out = fb.run("your forward", forward, stage0, stage1, x, d0, d1, returns=torch.Tensor)
+    out = fb.run(
+        "your forward", forward, stage0, stage1, Given("x", x), d0, d1, returns=torch.Tensor
+    )
     fb.require(
         out.shape == ref_out.shape,
         f"the output has shape {tuple(out.shape)}, not {tuple(ref_out.shape)}",

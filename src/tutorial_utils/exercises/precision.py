@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import Feedback, checker
-from .answers import checker_device, describe, finite_number, tensor_number
+from .answers import Given, checker_device, describe, finite_number, tensor_number
 
 __all__ = [
     "FP16_VALUES",
@@ -60,7 +60,7 @@ _WHY = {
 }
 
 
-@checker
+@checker(answers=("guess",))
 def check_fp16_survival(
     guess: Mapping[float, str], values: Sequence[float] = FP16_VALUES
 ) -> Feedback:
@@ -69,6 +69,11 @@ def check_fp16_survival(
     Every number in ``values`` must have a prediction (deleting a hard one does not pass);
     predictions for other numbers are checked too.
     """
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ValueError(
+            f"check_fp16_survival: values must be a non-empty list of finite numbers, not "
+            f"{describe(values)}"
+        )
     asked = [finite_number(v) for v in values]
     if not asked or any(v is None for v in asked):
         raise ValueError("check_fp16_survival: values must be a non-empty list of finite numbers")
@@ -159,9 +164,12 @@ def _reference_step(model, optimizer, scaler, inputs, targets, device_type, dtyp
     return loss
 
 
-@checker
+@checker(answers=("step",))
 def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
-    """Run the learner's ``step`` once with fp16 autocast and check it against the reference."""
+    """Run the learner's ``step`` once with fp16 autocast and check it against the reference.
+
+    The reference step runs first, on its own copies; the learner's step gets copies of the
+    inputs and targets, and changing them (``targets.zero_()``) fails."""
     device = checker_device(device, "check_amp_step", allowed=("cuda", "cpu"))
     fb = Feedback("a mixed-precision training step with autocast and GradScaler")
     fb.hint(
@@ -179,6 +187,9 @@ def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu")
     ref_model = copy.deepcopy(model)
     ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.5)
     ref_scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+    ref_loss = _reference_step(
+        ref_model, ref_opt, ref_scaler, inputs.clone(), targets.clone(), device.type, dtype
+    )
 
     seen_autocast: list[bool] = []
     hook = model.register_forward_hook(
@@ -186,11 +197,18 @@ def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu")
     )
     try:
         loss = fb.run(
-            "your step", step, model, optimizer, scaler, inputs, targets, device.type, dtype
+            "your step",
+            step,
+            model,
+            optimizer,
+            scaler,
+            Given("inputs", inputs),
+            Given("targets", targets),
+            device.type,
+            dtype,
         )
     finally:
         hook.remove()
-    ref_loss = _reference_step(ref_model, ref_opt, ref_scaler, inputs, targets, device.type, dtype)
 
     fb.expect(
         bool(seen_autocast),
@@ -260,18 +278,20 @@ def _grad_norm(params) -> float:
     return float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
 
 
-def _true_grad_norm(device: torch.device) -> float:
-    """The unclipped gradient norm of the checker's model on its batch, fp16 autocast."""
+def _true_grad_norm(device: torch.device) -> tuple[float, float]:
+    """The unclipped gradient norm of the checker's model on its batch, fp16 autocast, and the
+    batch's loss."""
     model, _, _, inputs, targets = _setup(device, torch.amp.GradScaler)
     with torch.autocast(device.type, dtype=torch.float16):
         loss = nn.functional.cross_entropy(model(inputs), targets)
     loss.float().backward()
-    return _grad_norm(model.parameters())
+    return _grad_norm(model.parameters()), float(loss.detach())
 
 
-@checker
+@checker(answers=("step",))
 def check_clipped_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
-    """Run the learner's clipping step once and check the gradients the optimizer stepped with."""
+    """Run the learner's clipping step once and check the gradients the optimizer stepped with,
+    and that the loss it returns is this batch's (computed first, from the checker's copy)."""
     device = checker_device(device, "check_clipped_step", allowed=("cuda", "cpu"))
     fb = Feedback("gradient clipping with a GradScaler")
     fb.hint(
@@ -282,21 +302,21 @@ def check_clipped_step(step: Callable[..., Any], device: str | torch.device = "c
         "call scaler.unscale_(optimizer) after backward and before clip_grad_norm_; "
         "scaler.step(optimizer) then does not unscale a second time"
     )
-    true_norm = _true_grad_norm(device)
+    true_norm, true_loss = _true_grad_norm(device)
     max_norm = 0.5 * true_norm  # so that a right step must clip
     model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
     stepped: list[float] = []
     optimizer.register_step_pre_hook(
         lambda opt, args, kwargs: stepped.append(_grad_norm(model.parameters()))
     )
-    fb.run(
+    loss = fb.run(
         "your step",
         step,
         model,
         optimizer,
         scaler,
-        inputs,
-        targets,
+        Given("inputs", inputs),
+        Given("targets", targets),
         device.type,
         torch.float16,
         max_norm,
@@ -335,4 +355,19 @@ def check_clipped_step(step: Callable[..., Any], device: str | torch.device = "c
         "call scaler.update() after scaler.step(optimizer)",
         brief="the scaler never adjusts its scale",
     )
+    _expect_batch_loss(fb, loss, true_loss)
     return fb
+
+
+def _expect_batch_loss(fb: Feedback, loss: object, want: float) -> None:
+    """The step must return this batch's loss, a one-element tensor (or number): ``want``."""
+    if isinstance(loss, torch.Tensor):
+        value = tensor_number(loss) if loss.numel() == 1 else None
+    else:
+        value = finite_number(loss)
+    fb.expect(
+        value is not None and math.isclose(value, want, rel_tol=1e-2, abs_tol=1e-3),
+        f"the loss you return is {describe(loss if value is None else value)}, but this batch's "
+        f"loss is {want:.4f}: return the cross_entropy of model(inputs) and targets",
+        brief="the loss you return is not the batch's loss",
+    )

@@ -23,13 +23,14 @@ def _bytes_answer(fb: Feedback, answer: object) -> int | None:
     return value
 
 
-@checker
+@checker(answers=("answer",))
 def check_tensor_bytes(answer: object) -> Feedback:
     """Bytes of ``torch.zeros(1000, 3, 224, 224, dtype=torch.bfloat16)``."""
     fb = Feedback("bytes of a 1000 x 3 x 224 x 224 bf16 tensor")
     elements = 1000 * 3 * 224 * 224
     expected = elements * 2
     fb.hint("multiply the number of elements by the bytes per element")
+    fb.fix("torch.finfo(torch.bfloat16).bits // 8 gives the bytes per element: 2")
     value = _bytes_answer(fb, answer)
     if value == elements:
         fb.fail(
@@ -42,17 +43,17 @@ def check_tensor_bytes(answer: object) -> Feedback:
             brief="that is the size in another dtype",
         )
     fb.expect(value == expected, f"{value:,} bytes is not right", brief="the number is wrong")
-    fb.fix("torch.finfo(torch.bfloat16).bits // 8 gives the bytes per element: 2")
     return fb
 
 
-@checker
+@checker(answers=("answer",))
 def check_matmul_peak(answer: object) -> Feedback:
     """Peak bytes above the start of ``torch.randn(512, 256) @ torch.randn(256, 128)`` (float32)."""
     fb = Feedback("peak of a 512x256 @ 256x128 float32 matmul")
     a, b, out = 512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4
     expected = a + b + out
     fb.hint("with memory.measure('cpu') as m: ...; then m.peak_bytes - m.start_bytes")
+    fb.fix(f"both inputs and the output are alive at once: {a:,} + {b:,} + {out:,} bytes")
     value = _bytes_answer(fb, answer)
     if value == out:
         fb.fail(
@@ -69,7 +70,6 @@ def check_matmul_peak(answer: object) -> Feedback:
         f"{value:,} bytes is not the peak above the start",
         brief="the number is wrong",
     )
-    fb.fix(f"both inputs and the output are alive at once: {a:,} + {b:,} + {out:,} bytes")
     return fb
 
 
@@ -79,10 +79,14 @@ def check_matmul_peak(answer: object) -> Feedback:
 _MiB = 2**20
 
 
-def _block(device: torch.device, mib: int, kept: list) -> Callable[[], None]:
-    """A block whose peak is ``2 * mib`` MiB above its start and which leaves ``mib`` MiB alive."""
+def _block(device: torch.device, mib: int, kept: list, calls: list | None = None):
+    """A block whose peak is ``2 * mib`` MiB above its start and which leaves ``mib`` MiB alive.
+
+    Each run appends to ``calls``: the checker sees whether ``peak_of`` really ran it."""
 
     def run() -> None:
+        if calls is not None:
+            calls.append(mib)
         a = torch.ones(mib * _MiB // 4, device=device)  # mib MiB of float32
         kept.append(a * 2)  # another mib MiB, kept by the caller
         del a
@@ -90,7 +94,7 @@ def _block(device: torch.device, mib: int, kept: list) -> Callable[[], None]:
     return run
 
 
-@checker
+@checker(answers=("peak_of",))
 def check_peak_of(
     peak_of: Callable[[Callable[[], None], torch.device], object], device: object = "cpu"
 ) -> Feedback:
@@ -99,7 +103,9 @@ def check_peak_of(
     Checked on the notebook's device and on the CPU (the function must work on both), each time
     after a bigger block has run, with tensors already alive, on blocks whose exact peak is known:
     a function that forgets ``reset_peak_memory_stats`` reports the older, bigger peak on a GPU;
-    one that reads ``torch.cuda`` on the CPU reports 0; ``end - start`` is not the peak.
+    one that reads ``torch.cuda`` on the CPU reports 0; ``end - start`` is not the peak. The
+    peak is measured while ``fn`` runs: the checker counts that ``peak_of`` calls ``fn()`` once,
+    and a second block of another size (6 MiB peak) rules out a number that does not measure.
     """
     device = checker_device(device, "check_peak_of", allowed=("cuda", "cpu"))
     fb = Feedback("peak_of(fn, device) reports the peak above the start, on a GPU and on the CPU")
@@ -110,49 +116,62 @@ def check_peak_of(
         "device) - before. On the CPU: with memory.measure(device) as m: fn(); return "
         "m.peak_above_start_bytes"
     )
-    want = 8 * _MiB
     for target in dict.fromkeys([device, torch.device("cpu")]):
-        kept: list = []
-        already = torch.ones(_MiB // 4, device=target)  # 1 MiB alive before every call
-        _block(target, 8, kept)()  # an earlier, bigger peak (16 MiB) the report must forget
-        kept.clear()
-        got = fb.run(f"peak_of(fn, {str(target)!r})", peak_of, _block(target, 4, kept), target)
-        del already
-        kept.clear()
-        value = whole_number(got)
-        fb.require(
-            value is not None,
-            f"peak_of must return a whole number of bytes, not {describe(got)}",
-            brief="the answer is not a whole number of bytes",
-        )
-        where = f"on {target}"
-        if value == 0 and target.type == "cpu":
-            fb.fail(
-                f"{where} it returned 0 for a block that peaks 8 MiB above its start: "
-                "torch.cuda's counters do not see CPU tensors; use memory.measure(device) there",
-                brief=f"{where} it reports 0 bytes for a block that allocates 8 MiB",
-            )
-        if value == 4 * _MiB:
-            fb.fail(
-                f"{where} it returned 4 MiB: what the block left behind (end - start), not the "
-                "highest point it reached",
-                brief=f"{where} it reports what the block left behind, not its peak",
-            )
-        if value == 16 * _MiB:
-            fb.fail(
-                f"{where} it returned 16 MiB, the peak of an earlier block: call "
-                "torch.cuda.reset_peak_memory_stats(device) before the block",
-                brief=f"{where} it reports the peak of something that ran before",
-            )
-        if value > want:
-            fb.fail(
-                f"{where} it returned {value:,} bytes, more than the block's peak ({want:,}): "
-                "subtract the bytes alive at the start, and reset the peak first",
-                brief=f"{where} it reports more than the block's own peak",
-            )
-        fb.require(
-            value == want,
-            f"{where} it returned {value:,} bytes; the block's peak is {want:,} bytes",
-            brief=f"{where} the number is wrong",
-        )
+        for mib in (4, 3):  # the documented block (8 MiB peak), then one of another size
+            _check_one_block(fb, peak_of, target, mib)
     return fb
+
+
+def _check_one_block(fb: Feedback, peak_of: Callable, target: torch.device, mib: int) -> None:
+    """Run ``peak_of`` on a block that peaks ``2 * mib`` MiB above its start, on ``target``."""
+    want = 2 * mib * _MiB
+    kept: list = []
+    calls: list = []
+    already = torch.ones(_MiB // 4, device=target)  # 1 MiB alive before every call
+    _block(target, 8, kept)()  # an earlier, bigger peak (16 MiB) the report must forget
+    kept.clear()
+    got = fb.run(f"peak_of(fn, {str(target)!r})", peak_of, _block(target, mib, kept, calls), target)
+    del already
+    kept.clear()
+    where = f"on {target}"
+    fb.require(
+        len(calls) == 1,
+        f"{where} peak_of called fn() {len(calls)} times: call it once, and measure the peak "
+        "while it runs",
+        brief=f"{where} peak_of does not run the block it measures, once",
+    )
+    value = whole_number(got)
+    fb.require(
+        value is not None,
+        f"peak_of must return a whole number of bytes, not {describe(got)}",
+        brief="the answer is not a whole number of bytes",
+    )
+    if value == 0 and target.type == "cpu":
+        fb.fail(
+            f"{where} it returned 0 for a block that peaks {2 * mib} MiB above its start: "
+            "torch.cuda's counters do not see CPU tensors; use memory.measure(device) there",
+            brief=f"{where} it reports 0 bytes for a block that allocates {2 * mib} MiB",
+        )
+    if value == mib * _MiB:
+        fb.fail(
+            f"{where} it returned {mib} MiB: what the block left behind (end - start), not the "
+            "highest point it reached",
+            brief=f"{where} it reports what the block left behind, not its peak",
+        )
+    if value == 16 * _MiB:
+        fb.fail(
+            f"{where} it returned 16 MiB, the peak of an earlier block: call "
+            "torch.cuda.reset_peak_memory_stats(device) before the block",
+            brief=f"{where} it reports the peak of something that ran before",
+        )
+    if value > want:
+        fb.fail(
+            f"{where} it returned {value:,} bytes, more than the block's peak ({want:,}): "
+            "subtract the bytes alive at the start, and reset the peak first",
+            brief=f"{where} it reports more than the block's own peak",
+        )
+    fb.require(
+        value == want,
+        f"{where} it returned {value:,} bytes; the block's peak is {want:,} bytes",
+        brief=f"{where} the number is wrong",
+    )
