@@ -36,7 +36,7 @@ oneDNN starts) gives the second path on a CPU of the first kind. What it cannot 
 without native bf16 cannot be made to take the first path; ATen's own vectorized kernels
 (elementwise ops, reductions, casts) still use the CPU's full instruction set (their choice is
 ``ATEN_CPU_CAPABILITY``, not this variable); PyTorch still decides some paths from the CPU's
-own features (cpuinfo), not from oneDNN's cap: a bf16 LSTM is still sent to oneDNN, which under
+own features (cpuinfo), not from oneDNN's cap: an LSTM under bf16 autocast still goes to oneDNN, which under
 AVX2 cannot build it ("could not create a primitive descriptor for the LSTM forward propagation
 primitive"), so those rows fail under the variable where a real AVX2 CPU would run them; and
 oneDNN's convolutions and fp32 products drop to AVX2 kernels, whose scratch can differ from a
