@@ -35,9 +35,13 @@ PyTorch's own kernels, and the estimate is exact. ``ONEDNN_MAX_CPU_ISA=AVX2`` (r
 oneDNN starts) gives the second path on a CPU of the first kind. What it cannot emulate: a CPU
 without native bf16 cannot be made to take the first path; ATen's own vectorized kernels
 (elementwise ops, reductions, casts) still use the CPU's full instruction set (their choice is
-``ATEN_CPU_CAPABILITY``, not this variable); and oneDNN's convolutions, RNNs and fp32 products
-also drop to AVX2 kernels, whose scratch can differ from a real AVX2 machine's only where the
-kernel choice depends on more than the instruction set (cache sizes, core count).
+``ATEN_CPU_CAPABILITY``, not this variable); PyTorch still decides some paths from the CPU's
+own features (cpuinfo), not from oneDNN's cap: an LSTM under bf16 autocast still goes to oneDNN, which under
+AVX2 cannot build it ("could not create a primitive descriptor for the LSTM forward propagation
+primitive"), so those rows fail under the variable where a real AVX2 CPU would run them; and
+oneDNN's convolutions and fp32 products drop to AVX2 kernels, whose scratch can differ from a
+real AVX2 machine's where the choice depends on more than the instruction set (cache sizes,
+core count).
 """
 
 from __future__ import annotations

@@ -197,3 +197,36 @@ def test_a_check_that_never_returns_becomes_a_row_not_a_hang():
     assert time.monotonic() - start < 5
     assert (row.name, row.status) == ("GPUtil", doctor_module.MISSING)
     assert "gave up after 0.2 s" in row.detail
+
+
+# --- issue 25 §8: the doctor is what a learner runs when torch is broken ----------------------
+
+
+@pytest.mark.parametrize(
+    ("module", "error"),
+    [
+        ("raise ImportError('libtorch_cpu.so: cannot open shared object file')", "ImportError"),
+        ("raise ModuleNotFoundError(\"No module named 'torch'\")", "ModuleNotFoundError"),
+    ],
+    ids=["broken", "missing"],
+)
+def test_a_broken_or_missing_torch_is_a_row_not_a_traceback(tmp_path, module, error):
+    import os
+    from pathlib import Path
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(module + "\n")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{src}"}
+    out = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "doctor", "--timeout", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert out.returncode == 0, out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("torch "))
+    assert "missing" in row and f"cannot be imported ({error}" in row and "pip install" in row
+    assert "Python" in out.stdout and "psutil" in out.stdout  # the other rows still come

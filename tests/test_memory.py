@@ -1057,3 +1057,30 @@ def test_frombuffer_and_raw_storages_count_like_from_numpy():
     with memory.measure("cpu") as m:
         del f, u, n
     assert m.delta_bytes == -3 * MiB
+
+
+def test_hypothesis_runs_derandomized_without_an_example_database():
+    # issue 25 §6: the same test run twice gives the same result, on every machine (the "ci"
+    # profile of tests/conftest.py; HYPOTHESIS_PROFILE=explore searches at random by hand)
+    import os
+
+    if os.environ.get("HYPOTHESIS_PROFILE", "ci") != "ci":
+        pytest.skip("another hypothesis profile was chosen on purpose")
+    s = settings(max_examples=3)
+    assert s.derandomize and s.database is None
+
+
+def test_a_step_that_cannot_run_is_one_sentence():
+    # issue 25 §8: breakdown(None, x), optimizer=5 and estimate(m, (2, -1)) gave raw errors
+    x = torch.randn(2, 256)
+    with pytest.raises(TypeError, match="the model must be an nn.Module") as info:
+        memory.breakdown(None, x)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TypeError, match="optimizer must be an optimizer class") as info:
+        memory.breakdown(models.MLP(), x, optimizer=5)
+    assert "\n" not in str(info.value)
+    with pytest.raises(TypeError, match="optimizer must be an optimizer class"):
+        memory.estimate(models.MLP, (2, 256), optimizer=5)
+    with pytest.raises(ValueError, match=r"cannot infer a -1") as info:
+        memory.estimate(models.MLP, (2, -1))
+    assert "\n" not in str(info.value)

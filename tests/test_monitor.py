@@ -85,6 +85,29 @@ def test_reading_parts_in_binary_units():
     ]
     assert r.parts(peak_bytes=4 * GiB)[3] == ("peak", "peak 4.00 GiB")
     assert Reading("x").parts() == []
+    # a process's CPU % is of one core (142% = its threads used 1.42 cores): say so
+    assert Reading("process", utilization_pct=142, utilization_of="one core").parts() == [
+        ("busy", "142% of one core")
+    ]
+
+
+def test_the_process_row_says_its_cpu_percent_is_of_one_core():
+    src = PsutilSource()
+    src.open()
+    process, system = src.read()
+    assert process.utilization_of == "one core" and system.utilization_of == ""
+    assert any(text.endswith("% of one core") for _, text in process.parts())
+
+
+def test_nvml_without_a_driver_is_absent_not_broken():
+    from tutorial_utils import nvml
+
+    if nvml.probe().available:
+        pytest.skip("this machine has an NVIDIA driver")
+    src = NvmlSource()
+    src.open()
+    assert not src.available
+    assert src.absent == ("was not found" in src.reason or "found no GPU" in src.reason)
 
 
 # ------------------------------------------------------------------ psutil

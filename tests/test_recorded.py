@@ -81,3 +81,38 @@ def test_every_key_the_benchmarks_record_is_known():
     for key in recorded.KEYS:
         assert f'"{key}"' in text, f"the GPU benchmarks never record {key!r}"
     assert importlib.util.spec_from_file_location("gpu_bench", path) is not None
+
+
+# --- issue 25 §8: a bad file is skipped and named; show() keeps working ----------------------
+
+
+@pytest.mark.parametrize("cc", [[9], 9, ["9", "0"], [9, 0, 1]])
+def test_a_malformed_compute_capability_is_skipped_and_named(tmp_path, cc):
+    _write(tmp_path, "good.json", "2026-12-01", {"oom_message": {"text": "CUDA out of memory."}})
+    run = {
+        "schema": 1,
+        "date": "2026-12-05",
+        "device": {"name": "GPU", "compute_capability": cc},
+        "results": {"oom_message": {"text": "newer, but malformed"}},
+    }
+    (tmp_path / "bad.json").write_text(json.dumps(run))
+    result = recorded.show("oom_message", results_dir=tmp_path)
+    assert result.found and result.text == "CUDA out of memory."
+    assert "bad.json: its compute_capability must be two whole numbers" in str(result)
+
+
+def test_rows_that_are_not_a_list_of_lists_are_skipped_and_named(tmp_path):
+    _write(tmp_path, "a.json", "2026-12-01", {"amp_speed": {"columns": ["v"], "rows": 5}})
+    result = recorded.show("amp_speed", results_dir=tmp_path)
+    assert not result.found
+    assert "a.json (amp_speed): its rows must be a list of lists" in str(result)
+
+
+def test_a_file_nested_too_deeply_does_not_break_every_show(tmp_path):
+    _write(tmp_path, "good.json", "2026-12-01", {"oom_message": {"text": "CUDA out of memory."}})
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    skipped = []
+    assert len(recorded.load_runs(tmp_path, skipped)) == 1
+    assert skipped == ["deep.json: nested too deeply"]
+    result = recorded.show("oom_message", results_dir=tmp_path)
+    assert result.found and "deep.json: nested too deeply" in str(result)

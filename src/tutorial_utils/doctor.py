@@ -32,10 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
-import torch
-import torch.distributed as dist
 
-from . import devices, monitor, nvml, processes
+from . import monitor, nvml, processes
 from .units import format_bytes
 
 __all__ = ["Check", "DEFAULT_TIMEOUT_S", "DoctorReport", "doctor", "main", "parse_requirement"]
@@ -88,7 +86,8 @@ class DoctorReport:
         for req in requirements:
             kind, n = parse_requirement(req)
             if kind == "gpus" and self.gpu_count < n:
-                reason = devices.cuda_unavailable_reason()
+                loaded = _load_torch()
+                reason = loaded[1].cuda_unavailable_reason() if loaded[0] else loaded[2]
                 why = f" ({reason})" if reason else ""
                 problems.append(f"Needs {n} GPU(s) but found {self.gpu_count}{why}.")
             elif kind == "widgets" and not self.widgets_ok:
@@ -140,7 +139,25 @@ def where_running() -> str:
     return "local"
 
 
+def _load_torch():
+    """``(torch, devices, "")``, or ``(None, None, why)`` when torch cannot be imported.
+
+    Imported here, not at the top of the module: the doctor is what a learner runs when torch
+    is missing or broken (a wrong wheel, a half-finished install), and it must say so in a row.
+    """
+    try:
+        import torch
+
+        from . import devices
+    except Exception as exc:  # ImportError, OSError from a broken library, anything: a row
+        text = str(exc).strip().splitlines()
+        return None, None, f"{type(exc).__name__}: {text[0] if text else 'no message'}"
+    return torch, devices, ""
+
+
 def _torch_checks() -> list[Check]:
+    import torch
+
     cuda = torch.version.cuda
     build = (
         f"CUDA {cuda}"
@@ -165,6 +182,8 @@ def _torch_checks() -> list[Check]:
 
 
 def _gpu_checks() -> tuple[list[Check], int]:
+    from . import devices
+
     reason = devices.cuda_unavailable_reason()
     if reason is not None:
         return [Check("GPUs", MISSING, reason)], 0
@@ -338,16 +357,28 @@ def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
             "Python", OK, f"{platform.python_version()} ({platform.system()} {platform.machine()})"
         )
     )
-    report.checks.extend(_torch_checks())
-    gpu_rows, report.gpu_count = _gpu_checks()
-    report.checks.extend(gpu_rows)
-    add(
-        Check(
-            "MPS",
-            OK if devices.mps_available() else INFO,
-            "available" if devices.mps_available() else "not available (Apple silicon only)",
+    torch, devices, torch_problem = _load_torch()
+    if torch is None:
+        add(
+            Check(
+                "torch",
+                MISSING,
+                f"cannot be imported ({torch_problem}); reinstall the course's pin: "
+                "pip install -c constraints.txt torch (or make lab, which does it)",
+            )
         )
-    )
+        add(Check("GPUs", MISSING, "unknown: torch cannot be imported (see the torch row)"))
+    else:
+        report.checks.extend(_torch_checks())
+        gpu_rows, report.gpu_count = _gpu_checks()
+        report.checks.extend(gpu_rows)
+        add(
+            Check(
+                "MPS",
+                OK if devices.mps_available() else INFO,
+                "available" if devices.mps_available() else "not available (Apple silicon only)",
+            )
+        )
     nvml_value = nvml_result()
     if isinstance(nvml_value, Check):  # gave up waiting
         nvml_value = (nvml_value, False)
@@ -359,6 +390,10 @@ def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
         value = result()
         add(value if isinstance(value, Check) else Check(name, MISSING, f"{value!r}"))
     try:
+        if torch is None:
+            raise RuntimeError("unknown: torch cannot be imported (see the torch row)")
+        import torch.distributed as dist
+
         backends = [
             b
             for b, ok in (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()))

@@ -34,11 +34,15 @@ How it behaves:
   second, as one message; faster sampling still records every sample and every peak.
 * ``start()`` twice does not start a second thread; ``stop()`` joins it. The thread also ends
   when the gauge is garbage-collected or the kernel exits.
-* A source that fails (no driver, NVML failing mid-run, a broken ``nvidia-smi``, a psutil
-  error, a reading that is not a list of well-formed ``Reading`` values) shows
-  ``unavailable: <reason>`` in its row; the others keep going. Any other error in the thread --
-  even one that ends it -- shows at the top of the widget and in ``gauge.error``. The thread
-  never prints: since ipykernel 7, a thread's prints land in whichever cell ran last.
+* At most ``MAX_RUNNING`` (16) gauges sample at once; starting one more is an error that
+  says to stop one.
+* A source this machine does not have (no NVIDIA driver on a CPU machine) says so in grey,
+  ``not on this machine: ...``. A source that fails (NVML failing mid-run, a broken
+  ``nvidia-smi``, a psutil error, a reading that is not a list of well-formed ``Reading``
+  values) shows ``unavailable: <reason>`` in its row; the others keep going. Any other error
+  in the thread -- even one that ends it -- shows at the top of the widget and in
+  ``gauge.error``. The thread never prints: since ipykernel 7, a thread's prints land in
+  whichever cell ran last.
 * Headless (nbval, nbconvert): the text form of the display is constant
   (``LiveGauge(period 200 ms; sources torch, nvml, psutil)``), so strict comparison passes.
 
@@ -71,7 +75,14 @@ import ipywidgets as w
 from .monitor import Reading, Source, SourceError, make_source
 from .units import format_bytes
 
-__all__ = ["LiveGauge", "Sample", "MIN_PERIOD_S", "MAX_PERIOD_S", "DEFAULT_PERIOD_S"]
+__all__ = [
+    "LiveGauge",
+    "Sample",
+    "MIN_PERIOD_S",
+    "MAX_PERIOD_S",
+    "MAX_RUNNING",
+    "DEFAULT_PERIOD_S",
+]
 
 DEFAULT_PERIOD_S = 0.2
 MIN_PERIOD_S = 0.02
@@ -79,6 +90,9 @@ MAX_PERIOD_S = 3600.0  # an hour; a longer wait overflows the thread's timer
 _REDRAW_MIN_S = 0.1  # widgets are redrawn at most 10 times a second
 _JOIN_TIMEOUT_S = 5.0  # stop() waits this long (or 10 periods) for a read in progress
 _DEFAULT_SOURCES = ("torch", "nvml", "psutil")
+#: Gauges sampling at once. Each start opens every source and each tick reads them all: 1000
+#: gauges at 50 ms took 31.7 s to start and slowed the whole kernel (issue 25).
+MAX_RUNNING = 16
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,7 @@ class _Row:
     peak_bytes: int = 0  # max over samples of used and of the allocator's peak
     bar: str = ""  # the row's HTML as last drawn
     text: str = ""
+    absent: bool = False  # its source is not on this machine (see Source.absent)
 
 
 def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) -> str:
@@ -148,7 +163,12 @@ def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) ->
     )
 
 
-def _row_text(reading: Reading | None, peak: int, error: str) -> str:
+def _row_text(reading: Reading | None, peak: int, error: str, absent: bool = False) -> str:
+    if error and absent:  # e.g. no NVIDIA driver on a CPU machine: normal, said calmly
+        return (
+            '<span class="tu-gauge-text" style="color:#777">'
+            f"not on this machine: {html.escape(error)}</span>"
+        )
     if error:
         return (
             '<span class="tu-gauge-text" style="color:#b00">'
@@ -199,7 +219,7 @@ def _checked(readings: object) -> list[Reading]:
             raise SourceError(
                 f"malformed reading for {r.label!r}: utilization_pct={u!r} is not a number"
             )
-        if not isinstance(r.note, str):
+        if not isinstance(r.note, str) or not isinstance(r.utilization_of, str):
             raise SourceError(f"malformed reading for {r.label!r}: note={r.note!r} is not text")
     return list(readings)
 
@@ -279,7 +299,7 @@ class LiveGauge:
             )
         if period_s > MAX_PERIOD_S:
             raise ValueError(
-                f"period_s={period_s:g} is above the maximum of {MAX_PERIOD_S:g} s (an hour): "
+                f"period_s={period_s!r} is above the maximum of {MAX_PERIOD_S:g} s (an hour): "
                 "a gauge shows memory while code runs; sample at least once an hour"
             )
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
@@ -360,7 +380,7 @@ class LiveGauge:
                 row.bar = _bar_html(
                     r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale
                 )
-            row.text = _row_text(r, row.peak_bytes, row.error)
+            row.text = _row_text(r, row.peak_bytes, row.error, row.absent)
         if self.running:
             self._state = f"running {now - self._t0:.0f} s"
         else:
@@ -390,10 +410,14 @@ class LiveGauge:
             for src, readings, error in results:
                 if readings is None:
                     self._mark_failed(src.name, error, t, record=src.available)
+                    absent = not src.available and getattr(src, "absent", False)
+                    for (name, _), row in self._rows.items():
+                        if name == src.name:
+                            row.absent = absent
                     continue
                 for r in readings:
                     row = self._rows.get((src.name, r.label)) or self._new_row(src.name, r.label)
-                    row.last, row.error = r, ""
+                    row.last, row.error, row.absent = r, "", False
                     row.peak_bytes = max(row.peak_bytes, r.used_bytes or 0, r.peak_bytes or 0)
                     self._samples.append(
                         Sample(
@@ -455,6 +479,13 @@ class LiveGauge:
         with self._lock:
             if self.running:
                 return self
+            running = sum(1 for g in list(_LIVE) if g is not self and g.running)
+            if running >= MAX_RUNNING:
+                raise RuntimeError(
+                    f"{running} LiveGauges are running already (the most at once is "
+                    f"{MAX_RUNNING}: each has a thread that reads every source); stop one with "
+                    ".stop(), or show several sources in one gauge"
+                )
             self._samples.clear()
             self.error = ""
             for row in self._rows.values():

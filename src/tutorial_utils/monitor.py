@@ -82,6 +82,9 @@ class Reading:
     peak_bytes: int | None = None  # the allocator's exact peak (torch / memory.Tracker only)
     utilization_pct: float | None = None  # GPU busy %, or CPU % for psutil rows
     note: str = ""  # a short remark shown after the numbers
+    # What 100% means, when it is not the whole device: "one core" for a process's CPU %,
+    # which goes above 100 when its threads use several cores ("142% of one core").
+    utilization_of: str = ""
 
     def parts(self, peak_bytes: int | None = None) -> list[tuple[str, str]]:
         """The known numbers as ``(kind, text)`` pairs in display order, in binary units.
@@ -100,7 +103,10 @@ class Reading:
         if peak:
             parts.append(("peak", f"peak {format_bytes(peak)}"))
         if self.utilization_pct is not None:
-            parts.append(("busy", f"{self.utilization_pct:.0f}% busy"))
+            if self.utilization_of:
+                parts.append(("busy", f"{self.utilization_pct:.0f}% of {self.utilization_of}"))
+            else:
+                parts.append(("busy", f"{self.utilization_pct:.0f}% busy"))
         if self.note:
             parts.append(("note", self.note))
         return parts
@@ -119,6 +125,9 @@ class Source:
     def __init__(self) -> None:
         self.available: bool = False
         self.reason: str = "not opened yet: call open()"
+        # Unavailable because this machine simply has none of it (no NVIDIA driver on a CPU
+        # machine): normal, so the gauge says it calmly instead of as an error.
+        self.absent: bool = False
 
     def open(self) -> None:
         self.available, self.reason = True, ""
@@ -257,10 +266,13 @@ class NvmlSource(Source):
         self._opened = False
 
     def open(self) -> None:
+        self.absent = False
         try:
             nvml.init(self.timeout_s)
         except RuntimeError as exc:
             self.available, self.reason = False, str(exc)
+            # no NVIDIA driver at all (a CPU machine): nothing is wrong
+            self.absent = type(exc.__cause__).__name__ == "NVMLError_LibraryNotFound"
             return
         self._opened = True
         try:
@@ -271,7 +283,7 @@ class NvmlSource(Source):
             return
         if not gpus:
             self.close()
-            self.available, self.reason = False, "NVML found no GPU"
+            self.available, self.reason, self.absent = False, "NVML found no GPU", True
             return
         rows = []
         for gpu in gpus:
@@ -421,9 +433,10 @@ class GPUtilSource(Source):
             self.available, self.reason = False, str(exc)
             return
         if shutil.which("nvidia-smi") is None:
-            self.available, self.reason = (
+            self.available, self.reason, self.absent = (
                 False,
                 "nvidia-smi is not on PATH (no NVIDIA driver), so GPUtil sees no GPU",
+                True,
             )
             return
         try:
@@ -464,7 +477,8 @@ class PsutilSource(Source):
     """psutil: this process's RSS and CPU %, and system memory used / total and CPU %.
 
     CPU % is measured between two reads (the first read after ``open()`` covers the time since
-    ``open()``); 100% is one full core for the process row, all cores for the system row.
+    ``open()``); 100% is one full core for the process row (shown as "% of one core": it goes
+    past 100 when the process's threads share the work), all cores for the system row.
     """
 
     name = "psutil"
@@ -505,6 +519,7 @@ class PsutilSource(Source):
                 total_bytes=int(vm.total),
                 utilization_pct=proc_cpu,
                 note="RSS",
+                utilization_of="one core",
             ),
             Reading(
                 "system",

@@ -69,8 +69,47 @@ def find_results_dir(start: str | os.PathLike | None = None) -> Path | None:
     return None
 
 
-def load_runs(results_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Every readable run in ``results_dir``, newest first (by date, then file name)."""
+def _run_problem(run: object) -> str | None:
+    """Why ``run`` (a parsed file) is not a GPU run this module can show; None when it is.
+
+    A foreign, older-schema or CPU try-out file is passed over quietly (``""``); a file that
+    claims to be a GPU run but is malformed gets a reason, so ``show`` can name it.
+    """
+    if not isinstance(run, dict) or run.get("schema") != SCHEMA:
+        return ""  # not one of ours (or an older schema)
+    device = run.get("device")
+    if not isinstance(device, dict) or not isinstance(run.get("results"), dict):
+        return "its 'device' and 'results' must be objects"
+    cc = device.get("compute_capability")
+    if not cc:
+        return ""  # a CPU try-out of the check: never shown as a GPU result
+    if (
+        not isinstance(cc, (list, tuple))
+        or len(cc) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in cc)
+    ):
+        return f"its compute_capability must be two whole numbers such as [9, 0], not {cc!r}"
+    return None
+
+
+def _entry_problem(entry: dict) -> str | None:
+    """Why a result entry cannot be shown as a table or text; None when it can."""
+    columns, rows = entry.get("columns", []), entry.get("rows", [])
+    if not isinstance(columns, (list, tuple)):
+        return f"its columns must be a list, not {type(columns).__name__}"
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in rows):
+        return "its rows must be a list of lists"
+    return None
+
+
+def load_runs(
+    results_dir: str | os.PathLike | None = None, skipped: list[str] | None = None
+) -> list[dict]:
+    """Every readable run in ``results_dir``, newest first (by date, then file name).
+
+    A file that cannot be read (not JSON, nested too deeply for the parser, a malformed GPU
+    run) is left out; with ``skipped`` given, one line per such file is appended to it.
+    """
     folder = Path(results_dir) if results_dir is not None else find_results_dir()
     if folder is None or not folder.is_dir():
         return []
@@ -78,18 +117,17 @@ def load_runs(results_dir: str | os.PathLike | None = None) -> list[dict]:
     for path in sorted(folder.glob("*.json")):
         try:
             run = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a half-written or foreign file is not a result
-        device = run.get("device") if isinstance(run, dict) else None
-        if (
-            isinstance(run, dict)
-            and run.get("schema") == SCHEMA
-            and isinstance(run.get("results"), dict)
-            and isinstance(device, dict)
-            and device.get("compute_capability")  # a GPU run, not a CPU try-out
-        ):
+        except (OSError, ValueError, RecursionError) as exc:  # half-written, foreign, hostile
+            if skipped is not None:
+                why = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
+                skipped.append(f"{path.name}: {why}")
+            continue
+        problem = _run_problem(run)
+        if problem is None:
             run["_file"] = path.name
             runs.append(run)
+        elif problem and skipped is not None:
+            skipped.append(f"{path.name}: {problem}")
     runs.sort(key=lambda r: (str(r.get("date", "")), r["_file"]), reverse=True)
     return runs
 
@@ -105,6 +143,7 @@ class Recorded:
     text: str = ""
     note: str = ""
     source: dict = field(default_factory=dict)  # device, torch, date, file of the run
+    skipped: tuple[str, ...] = ()  # files (and entries) passed over, each with why
 
     @property
     def found(self) -> bool:
@@ -138,6 +177,12 @@ class Recorded:
             for row in cells
         ]
 
+    @property
+    def skipped_note(self) -> str:
+        if not self.skipped:
+            return ""
+        return "Skipped in docs/results (could not be read): " + "; ".join(self.skipped)
+
     def __str__(self) -> str:
         lines = [self.label]
         if self.found:
@@ -149,6 +194,8 @@ class Recorded:
                 lines.append(self.text)
             if self.note:
                 lines.append(self.note)
+        if self.skipped:
+            lines.append(self.skipped_note)
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -170,6 +217,8 @@ class Recorded:
                 parts.append(f"<pre>{esc(self.text)}</pre>")
             if self.note:
                 parts.append(f"<p>{esc(self.note)}</p>")
+        if self.skipped:
+            parts.append(f"<p><em>{esc(self.skipped_note)}</em></p>")
         return "".join(parts)
 
 
@@ -177,10 +226,15 @@ def show(key: str, results_dir: str | os.PathLike | None = None) -> Recorded:
     """The newest recorded result for ``key`` (one of ``KEYS``), labelled with where it ran."""
     if key not in KEYS and results_dir is None:
         raise ValueError(f"unknown result {key!r}; the GPU check records: {', '.join(KEYS)}")
-    for run in load_runs(results_dir):
+    skipped: list[str] = []
+    for run in load_runs(results_dir, skipped):
         entry = run["results"].get(key)
         if not isinstance(entry, dict) or entry.get("skipped") or entry.get("error"):
             continue  # nothing was measured for this key in that run
+        problem = _entry_problem(entry)
+        if problem:
+            skipped.append(f"{run['_file']} ({key}): {problem}")
+            continue
         return Recorded(
             key=key,
             title=str(entry.get("title", "")),
@@ -194,5 +248,6 @@ def show(key: str, results_dir: str | os.PathLike | None = None) -> Recorded:
                 "date": run.get("date", "?"),
                 "file": run["_file"],
             },
+            skipped=tuple(skipped),
         )
-    return Recorded(key=key)
+    return Recorded(key=key, skipped=tuple(skipped))
