@@ -48,7 +48,7 @@ import gpu_wheels  # noqa: E402
 
 SCHEMA = 1
 # Longest first, so three lanes finish together (times seen on a CPU: 03 and 04 launch torchrun).
-NOTEBOOK_ORDER = ("03", "04", "05", "06", "07", "01", "00", "02")
+NOTEBOOK_ORDER = ("03", "04", "08", "05", "06", "07", "01", "00", "02")
 # Unit tests that need the development stack the GPU machine lacks (browser, JupyterLab,
 # repo2docker, a kernel runner): not collected there when their module is missing, and the
 # summary says which.

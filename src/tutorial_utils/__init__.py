@@ -16,6 +16,7 @@ Each module has one job:
 * ``models``: the small seeded demo models the notebooks share
 * ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
+* ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 03
 * ``published``: GPU figures published by others, quoted with source, hardware and date
 * ``doctor``: the environment as a table, and ``--require`` for a workshop preflight
 * ``lab``: ``make lab``, JupyterLab on 127.0.0.1 with a private token

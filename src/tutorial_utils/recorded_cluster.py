@@ -39,8 +39,8 @@ def load_runs(results_dir: str | os.PathLike | None = None) -> list[dict]:
     for path in sorted(folder.glob("slurm-two-node-*.json")):
         try:
             record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # half-written or foreign: not a record
+        except (OSError, ValueError, RecursionError):
+            continue  # half-written, foreign or nested too deeply: not a record
         if (
             isinstance(record, dict)
             and record.get("schema") == SCHEMA
