@@ -249,6 +249,9 @@ def run_setup(
     for step in range(STEPS):
         last = step == STEPS - 1  # measure and count the last step: the state exists by then
         opt.zero_grad(set_to_none=True)
+        if last:  # free the previous step's output before the window, and let its work finish
+            pred = None
+            dist.barrier()
         counter.calls.clear()
         counter.on = last
         with StepPeak(device) if last else contextlib.nullcontext() as peak:
