@@ -54,7 +54,9 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def event_order(model: nn.Sequential, x: torch.Tensor) -> list[str]:
     """'AG' for each all-gather FSDP issues, 'F<i>' when layer i's forward starts computing."""
     events: list[str] = []
-    original = dist.all_gather_single
+    # FSDP2 calls dist.all_gather_single (torch 2.13+) or dist.all_gather_into_tensor (before)
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    original = getattr(dist, name)
 
     def counted(*args, **kwargs):
         events.append("AG")
@@ -65,11 +67,11 @@ def event_order(model: nn.Sequential, x: torch.Tensor) -> list[str]:
         layer.register_forward_pre_hook(lambda mod, args, i=i: events.append(f"F{i}"))
         for i, layer in enumerate(model)
     ]
-    dist.all_gather_single = counted  # FSDP2 calls it as dist.all_gather_single
+    setattr(dist, name, counted)
     try:
         model(x)
     finally:
-        dist.all_gather_single = original
+        setattr(dist, name, original)
         for h in handles:
             h.remove()
     return events

@@ -52,7 +52,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 WIDTH, LAYERS, PER_RANK, LR, STEPS, TIMED = 256, 3, 16, 1e-3, 2, 5
-COLLECTIVES = ("all_reduce", "all_gather_single", "reduce_scatter_single", "broadcast")
+# FSDP2 calls dist.all_gather_single / reduce_scatter_single since torch 2.13; before, the older
+# all_gather_into_tensor / reduce_scatter_tensor (same arguments). Wrap the ones this torch uses.
+ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+REDUCE_SCATTER = (
+    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+)
+COLLECTIVES = ("all_reduce", ALL_GATHER, REDUCE_SCATTER, "broadcast")
 
 
 def build_model(seed: int = 0) -> nn.Sequential:
@@ -88,7 +94,7 @@ class CommCounter:
     weighs 2 (``weight``).
     """
 
-    weight = {"all_reduce": 2, "all_gather_single": 1, "reduce_scatter_single": 1, "broadcast": 1}
+    weight = {"all_reduce": 2, ALL_GATHER: 1, REDUCE_SCATTER: 1, "broadcast": 1}
 
     def __init__(self) -> None:
         self.on = False
@@ -100,9 +106,9 @@ class CommCounter:
     def _wrap(self, name: str, fn: Callable) -> Callable:
         def counted(*args, **kwargs):
             if self.on:
-                if name == "all_gather_single":
+                if name == ALL_GATHER:
                     tensor = args[0] if args else kwargs["output_tensor"]
-                elif name == "reduce_scatter_single":
+                elif name == REDUCE_SCATTER:
                     tensor = args[1] if len(args) > 1 else kwargs["input"]
                 else:
                     tensor = args[0] if args else kwargs["tensor"]
