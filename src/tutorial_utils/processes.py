@@ -56,6 +56,20 @@ _TIE = (
 )
 
 
+def _resolve(cmd: Sequence[str]) -> tuple[list[str], str | None]:
+    """``cmd`` as strings and, on Linux, its program's path (looked up on ``PATH`` here, so a
+    missing one raises ``FileNotFoundError`` in the caller); elsewhere the path is None."""
+    cmd = [str(part) for part in cmd]
+    if not cmd:
+        raise ValueError("the command is empty; give the program to run and its arguments")
+    if not sys.platform.startswith("linux"):
+        return cmd, None
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
+    return cmd, exe
+
+
 def tied_to_parent(cmd: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
     """``cmd`` wrapped so that (on Linux) it gets ``sig`` when the thread that starts it dies.
 
@@ -63,14 +77,9 @@ def tied_to_parent(cmd: Sequence[str], sig: int = signal.SIGTERM) -> list[str]:
     ``PATH`` here, so a missing one still raises ``FileNotFoundError`` in the caller. Elsewhere
     than Linux the command comes back unchanged (the :class:`Watchdog` covers every system).
     """
-    cmd = [str(part) for part in cmd]
-    if not cmd:
-        raise ValueError("the command is empty; give the program to run and its arguments")
-    if not sys.platform.startswith("linux"):
+    cmd, exe = _resolve(cmd)
+    if exe is None:  # not Linux: the command as it is
         return cmd
-    exe = shutil.which(cmd[0])
-    if exe is None:
-        raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
     return [sys.executable, "-S", "-I", "-c", _TIE, str(os.getpid()), str(int(sig)), exe, *cmd]
 
 
@@ -165,14 +174,9 @@ def contained(cmd: Sequence[str], grace_s: float = 2.0, sig: int = signal.SIGTER
     and is reaped before the wrapper exits with the command's status. Elsewhere than Linux the
     command comes back unchanged.
     """
-    cmd = [str(part) for part in cmd]
-    if not cmd:
-        raise ValueError("the command is empty; give the program to run and its arguments")
-    if not sys.platform.startswith("linux"):
+    cmd, exe = _resolve(cmd)
+    if exe is None:  # not Linux: the command as it is
         return cmd
-    exe = shutil.which(cmd[0])
-    if exe is None:
-        raise FileNotFoundError(f"{cmd[0]!r} was not found on PATH")
     return [
         sys.executable,
         "-S",
