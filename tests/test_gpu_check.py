@@ -227,7 +227,22 @@ def test_without_jupyterlab_every_test_that_serves_a_lab_is_left_out():
     lab = "tests/test_faults.py::test_lab_token_is_in_no_command_line"
     assert cmd[cmd.index(lab) - 1] == "--deselect"
     assert f"{lab} (needs jupyterlab)" in skipped
-    assert "tests/test_lab.py" in cmd and all("(needs jupyterlab)" in s for s in skipped)
+    assert "tests/test_lab.py" in cmd
+    assert all("(needs jupyterlab)" in s for s in skipped if "(needs " in s)
+
+
+def test_the_slurm_cluster_and_300_launches_stay_off_the_gpu_machine():
+    # before: the check ran tests/test_cluster.py (apt as root, no network there) and the
+    # clean-exit test's 30 launches of each of 10 scripts, far past its minutes
+    cmd, skipped = gpu_check.unit_test_command("SITE", 6, found=lambda m, _p: True)
+    assert cmd[cmd.index("tests/test_cluster.py") - 1] == "--ignore"
+    assert any(s.startswith("tests/test_cluster.py (") for s in skipped)
+    runs = gpu_check.UNIT_TEST_ENV["TUTORIAL_EXIT_RUNS"]
+    assert int(runs) <= 3
+    assert (
+        'os.environ.get("TUTORIAL_EXIT_RUNS"'
+        in (ROOT / "tests" / "test_distributed.py").read_text()
+    )
 
 
 def test_xdist_is_looked_for_where_the_wheels_are():
