@@ -14,10 +14,8 @@ No two-node Slurm run recorded yet...
 from __future__ import annotations
 
 import html
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .recorded import read_records
 
