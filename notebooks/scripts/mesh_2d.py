@@ -9,10 +9,11 @@ Four ranks form a 2 x 2 ``DeviceMesh`` with named dimensions ``("dp", "tp")``::
     dp=1  [ r2    r3 ]    r0 and r2 hold different shards of the same slice (FSDP2) and see
                           different halves of the batch
 
-The transformer block of ``tensor_parallel.py`` is split with its ``TP_PLAN`` on ``mesh["tp"]``
-(``parallelize_module``), then sharded with ``fully_shard`` on ``mesh["dp"]``: each weight that TP
-split by columns or rows is cut again along dim 0 by FSDP2, so a rank stores a quarter of it; a
-weight TP replicates (the norms, the biases of the row-split Linears) is cut in two by FSDP2.
+Two transformer blocks of ``tensor_parallel.py``, one after the other: each is split with its
+``TP_PLAN`` on ``mesh["tp"]`` (``parallelize_module``), then sharded with ``fully_shard`` on
+``mesh["dp"]`` (each block its own FSDP unit). Each weight that TP split by columns or rows is
+cut again along dim 0 by FSDP2, so a rank stores a quarter of it; a weight TP replicates (the
+norms, the biases of the row-split Linears) is cut in two by FSDP2.
 Each rank checks, against one process on the whole batch:
 
 1. its output rows and every gradient (``full_tensor()`` of each 2-D DTensor gradient);
@@ -47,9 +48,12 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils._pytree import tree_leaves
 
-B, S = 4, 16  # global batch (each dp group takes half), sequence
+B, S, BLOCKS = 4, 16, 2  # global batch (each dp group takes half), sequence, blocks
 H = Block().mlp.fc1.in_features
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
+# The model's output is a view (TP hands back the local tensor of a DTensor); FSDP2 warns that an
+# in-place op on it would skip its backward hook. True; nothing here changes the output in place.
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 # full_tensor() of a 2-D gradient warns (through logging) that it takes two all-gathers, one per
 # mesh dimension: true, and only the check below does it.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -102,7 +106,12 @@ class CommBytes(CommDebugMode):
         return dict(by)
 
 
-def tp_split(model: nn.Module) -> list[str]:
+def build_model() -> nn.Sequential:
+    """Two blocks of tensor_parallel.py, one after the other (the same weights every time)."""
+    return nn.Sequential(*[build(seed=i) for i in range(BLOCKS)])
+
+
+def tp_split() -> list[str]:
     """The parameters TP_PLAN splits: the weights of every column- or row-split Linear, and the
     biases of the column-split ones (a row-split Linear adds its bias, whole, after the
     all-reduce)."""
@@ -112,7 +121,7 @@ def tp_split(model: nn.Module) -> list[str]:
             names.append(f"{prefix}.weight")
             if isinstance(style, ColwiseParallel):
                 names.append(f"{prefix}.bias")
-    return sorted(names)
+    return sorted(f"{i}.{n}" for i in range(BLOCKS) for n in names)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -138,13 +147,13 @@ def main() -> None:
     x = torch.randn(B, S, H, generator=g)
     mine = slice(B // 2 * dp_rank, B // 2 * (dp_rank + 1))  # this dp group's half of the batch
 
-    ref = build()  # one process, the whole batch
+    ref = build_model()  # one process, the whole batch
     ref_out = ref(x)
     ref_out.pow(2).mean().backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     ref_bytes = sum(p.numel() * p.element_size() for p in ref.parameters())
 
-    model = parallelize_and_shard(build().to(device), mesh)
+    model = parallelize_and_shard(build_model().to(device), mesh)
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
     param_bytes = sum(local(p).numel() * local(p).element_size() for p in model.parameters())
 
@@ -188,7 +197,7 @@ def main() -> None:
             "heads": HEADS,
             "single_param_bytes": ref_bytes,
             "param_numel": {n: p.numel() for n, p in ref.named_parameters()},
-            "tp_split": tp_split(ref),
+            "tp_split": tp_split(),
             "param_bytes": param_bytes,
             "grad_bytes": grad_bytes,
             "state_bytes": state_bytes,
@@ -205,12 +214,15 @@ def main() -> None:
     teardown()
 
 
-def parallelize_and_shard(block: nn.Module, mesh) -> nn.Module:
-    """TP on the mesh's ``tp`` dimension first, then FSDP2 on its ``dp`` dimension (the order
-    torchtitan uses: FSDP2 shards the DTensors TP made, along dim 0)."""
-    parallelize_module(block, mesh["tp"], TP_PLAN)
-    fully_shard(block, mesh=mesh["dp"])  # one FSDP unit: the block is small
-    return block
+def parallelize_and_shard(model: nn.Sequential, mesh) -> nn.Sequential:
+    """Each block: TP on the mesh's ``tp`` dimension first, then FSDP2 on its ``dp`` dimension,
+    the order torchtitan uses (FSDP2 shards the DTensors TP made, along dim 0). Each block is
+    its own FSDP unit, and the whole model the root."""
+    for block in model:
+        parallelize_module(block, mesh["tp"], TP_PLAN)
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model
 
 
 if __name__ == "__main__":
