@@ -32,6 +32,7 @@ on the CPU otherwise).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from collections import defaultdict
@@ -39,7 +40,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from common import log, report, setup, teardown
-from tensor_parallel import HEADS, TP_PLAN, Block, build
+from tensor_parallel import HEADS, TP_PLAN, H, build
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -49,7 +50,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.utils._pytree import tree_leaves
 
 B, S, BLOCKS = 4, 16, 2  # global batch (each dp group takes half), sequence, blocks
-H = Block().mlp.fc1.in_features
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 # The model's output is a view (TP hands back the local tensor of a DTensor); FSDP2 warns that an
 # in-place op on it would skip its backward hook. True; nothing here changes the output in place.
@@ -134,11 +134,12 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     t0 = time.perf_counter()
-    rank, world, device = setup()
+    world = int(os.environ.get("WORLD_SIZE", 1))  # checked before joining: nothing to clean up
     if world != 4:
         raise SystemExit(
-            f"mesh_2d.py needs 4 ranks (a 2 x 2 mesh), not {world}: --nproc-per-node=4"
+            f"mesh_2d.py needs 4 ranks (a 2 x 2 mesh), not {world}: run it with --nproc-per-node=4"
         )
+    rank, world, device = setup()
     mesh = init_device_mesh(device.type, (2, 2), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
     groups = {d: dist.get_process_group_ranks(mesh.get_group(d)) for d in ("dp", "tp")}
@@ -155,6 +156,14 @@ def main() -> None:
 
     model = parallelize_and_shard(build_model().to(device), mesh)
     placements = {n: str(p.placements) for n, p in model.named_parameters()}
+    # the same, as data: the mesh dimension of each placement and its kind (Shard, Replicate...)
+    layout = {
+        n: [
+            [d, type(pl).__name__]
+            for d, pl in zip(p.device_mesh.mesh_dim_names, p.placements, strict=True)
+        ]
+        for n, p in model.named_parameters()
+    }
     param_bytes = sum(local(p).numel() * local(p).element_size() for p in model.parameters())
 
     with CommBytes(groups) as fwd:
@@ -197,12 +206,14 @@ def main() -> None:
             "heads": HEADS,
             "single_param_bytes": ref_bytes,
             "param_numel": {n: p.numel() for n, p in ref.named_parameters()},
+            "param_shapes": {n: list(p.shape) for n, p in ref.named_parameters()},
             "tp_split": tp_split(),
             "param_bytes": param_bytes,
             "grad_bytes": grad_bytes,
             "state_bytes": state_bytes,
             "tensors": len(list(model.parameters())),
             "placements": placements,
+            "layout": layout,
             "forward_gap": forward_gap,
             "grad_gap": grad_gap,
             "forward_comm": fwd.summary(),
