@@ -135,3 +135,62 @@ def test_fsdp_depth_prefetch_clip_checkpoint_offload(tmp_path):
         dcp.load(state, checkpoint_id=str(tmp_path), no_dist=True)
     for k, v in expected.items():
         assert torch.equal(state["model"][k], v), k
+
+
+@pytest.mark.slow
+def test_mesh_2d_fsdp_times_tp_equals_one_process_with_a_quarter_of_the_split_weights():
+    result = launch(SCRIPTS / "mesh_2d.py", nproc=4, timeout=300, echo=None)
+    assert sorted(result.reports) == [0, 1, 2, 3]
+    for rank, rep in result.reports.items():
+        assert rep["groups"] == {
+            "dp": [rank % 2, rank % 2 + 2],
+            "tp": [rank // 2 * 2, rank // 2 * 2 + 1],
+        }
+        split = sum(rep["param_numel"][n] for n in rep["tp_split"])
+        replicated = sum(rep["param_numel"].values()) - split
+        assert rep["param_bytes"] == rep["grad_bytes"] == 4 * (split // 4 + replicated // 2)
+        assert rep["state_bytes"] == 2 * rep["param_bytes"] + 4 * rep["tensors"]
+        assert rep["forward_gap"] < 1e-5 and rep["grad_gap"] < 1e-5
+        act = rep["B"] // 2 * rep["S"] * rep["H"] * 4
+        tp_local = 4 * (split // 2 + replicated)
+        ar = {"calls": 4, "bytes": 4 * act}  # 2 blocks x 2 sub-blocks
+        ag = {"calls": 2, "bytes": tp_local}
+        assert rep["forward_comm"] == {"tp all_reduce": ar, "dp allgather_base": ag}
+        assert rep["backward_comm"] == {
+            "tp all_reduce": ar,
+            "dp allgather_base": ag,
+            "dp reduce_scatter_base": ag,
+        }
+        assert rep["step_comm"] == {}
+        assert "StridedShard" in rep["placements"]["0.attn.q.weight"]
+
+
+@pytest.mark.slow
+def test_mesh_2d_refuses_a_world_that_is_not_four():
+    from tutorial_utils.distributed import LaunchError
+
+    with pytest.raises(LaunchError, match="needs 4 ranks"):
+        launch(SCRIPTS / "mesh_2d.py", nproc=2, timeout=120, echo=None)
+
+
+@pytest.mark.slow
+def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
+    import json
+
+    result = launch(SCRIPTS / "ddp_seen.py", 2, ["--trace-dir", str(tmp_path)], 300, echo=None)
+    for rank, rep in result.reports.items():
+        events = json.loads((tmp_path / f"rank{rank}.json").read_text())["traceEvents"]
+        main = next(e["tid"] for e in events if e.get("name") == "DistributedDataParallel.forward")
+        mine = [e for e in events if e.get("ph") == "X" and e["tid"] == main]
+        grads = [e["ts"] for e in mine if e["name"].endswith(": AddmmBackward0")]
+        launches = [e["ts"] for e in mine if e["name"] == "c10d::allreduce_"]
+        assert len(grads) == 6 and len(launches) == 3
+        assert sum(t < max(grads) for t in launches) == 2  # launched while backward runs
+        bv = rep["bucket_views"]
+        assert (bv["False"]["grads_in_a_bucket"], bv["True"]["grads_in_a_bucket"]) == (0, 12)
+        u = rep["unused"]
+        assert u["default"]["steps"] == 1 and u["default"]["first_grad_gap"] > 1e-3
+        assert "Expected to have finished reduction" in u["default"]["error"]
+        for name in ("find_unused_parameters=True", "static_graph=True"):
+            assert u[name]["steps"] == 3 and u[name]["first_grad_gap"] < 1e-6, name
+            assert u[name]["unused_parameter_size"] == 1088, name

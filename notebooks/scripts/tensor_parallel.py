@@ -15,6 +15,8 @@ Each rank checks:
 3. The activations autograd saves for backward, per rank, counted exactly (a saved-tensor hook
    books each storage once, parameters excluded, a DTensor by its local shard): without
    parallelism, with TP and with TP + SP.
+4. The bytes of gradients and of Adam's state each rank keeps (its shards), for the decision
+   table of notebook 08.
 
 The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there
 are enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device;
@@ -148,6 +150,15 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor) -> tuple[torch.Ten
     return out, sum(seen.values())
 
 
+def adam_state_bytes(params: list[torch.Tensor]) -> int:
+    """One Adam step on these parameters; the bytes of state it keeps on this rank (its shards)."""
+    opt = torch.optim.Adam(params, lr=1e-3)
+    opt.step()
+    return sum(
+        local(v).numel() * local(v).element_size() for s in opt.state.values() for v in s.values()
+    )
+
+
 def comm_counts(mode: CommDebugMode) -> dict[str, int]:
     """The collectives a CommDebugMode block saw, by name (all_reduce, ...), and how many."""
     return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
@@ -197,6 +208,7 @@ def main() -> None:
         grad_gap = max(
             (full(p.grad) - ref_grads[n]).abs().max().item() for n, p in model.named_parameters()
         ) / max(g.abs().max().item() for g in ref_grads.values())
+        params = list(model.parameters())
         split = [
             n
             for n, p in model.named_parameters()
@@ -212,6 +224,8 @@ def main() -> None:
             "forward_comm": comm_counts(fwd_mode),
             "backward_comm": comm_counts(bwd_mode),
             "step_seconds": median_seconds(lambda m=model, i=inp: m(i).sum().backward()),
+            "grads": sum(local(p.grad).numel() * local(p.grad).element_size() for p in params),
+            "optimizer_state": adam_state_bytes(params),
         }
         same = forward_gap < 1e-5 and grad_gap < 1e-5
         log(f"{name}: forward and gradients equal one process's: {same}")

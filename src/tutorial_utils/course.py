@@ -31,7 +31,7 @@ MINUTES: dict[str, int] = {
     "05_out_of_memory.ipynb": 90,
     "06_mixed_precision_and_cudnn.ipynb": 75,
     "07_capstone_make_it_fit.ipynb": 55,
-    "08_sharding.ipynb": 45,
+    "08_sharding.ipynb": 95,
 }
 # END MINUTES
 

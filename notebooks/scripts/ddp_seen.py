@@ -1,0 +1,165 @@
+"""DDP, seen from the inside: the all-reduces during backward, bucket views, unused parameters.
+
+    torchrun --standalone --nproc-per-node=2 ddp_seen.py --trace-dir DIR
+
+1. One training step of a 6-layer MLP under ``torch.profiler``, exported per rank with
+   ``export_chrome_trace`` to DIR/rank<R>.json (the notebook reads it back and draws it). DDP
+   puts the gradients into buckets (``bucket_cap_mb``); when every gradient of a bucket is
+   ready, the autograd hook launches that bucket's all-reduce (``c10d::allreduce_`` on the
+   training thread) and backward goes on with the earlier layers while gloo's threads
+   (``gloo:all_reduce``) move the bucket.
+2. ``gradient_as_bucket_view``: with the default (False) each ``.grad`` is its own tensor and
+   DDP copies the reduced bucket into it; with True each ``.grad`` is a view into the bucket,
+   the same storage. A communication hook records the storage of each bucket it reduces, and
+   each rank checks which ``.grad`` tensors live in one.
+3. A model with a parameter its forward never uses: by default DDP waits for its gradient, the
+   reduction of that step never finishes, and the next forward raises; with
+   ``find_unused_parameters=True`` (a graph traversal after every forward) or
+   ``static_graph=True`` (the traversal once, the first step) it trains like one process.
+
+The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there are
+enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device; gloo
+on the CPU otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from common import log, report, setup, teardown
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's C++ side: no start/stop lines
+
+WIDTH, LAYERS, PER_RANK, BUCKET_MB = 384, 6, 32, 1
+
+
+def build_mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(LAYERS):
+        layers.append(nn.Linear(WIDTH, WIDTH))
+        if i < LAYERS - 1:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def ddp(model: nn.Module, device: torch.device, **kwargs) -> DDP:
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model.to(device), device_ids=ids, **kwargs)
+
+
+def traced_step(device: torch.device, x: torch.Tensor, path: Path) -> dict:
+    """Two warm-up steps (DDP rebuilds its buckets after the first), then one step profiled."""
+    model = ddp(build_mlp(), device, bucket_cap_mb=BUCKET_MB)
+    for _ in range(2):
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    dist.barrier()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        model(x).sum().backward()
+    prof.export_chrome_trace(str(path))
+    data = model._get_ddp_logging_data()
+    return {"trace": str(path), "bucket_sizes": data.get("bucket_sizes", ""), "layers": LAYERS}
+
+
+def bucket_views(device: torch.device, x: torch.Tensor) -> dict:
+    """For each setting, which .grad tensors share storage with a bucket the hook reduced."""
+    out = {}
+    for view in (False, True):
+        model = ddp(build_mlp(), device, gradient_as_bucket_view=view, bucket_cap_mb=BUCKET_MB)
+        buckets: set[int] = set()
+        world = dist.get_world_size()
+
+        def hook(state, bucket, buckets=buckets, world=world):
+            buffer = bucket.buffer()
+            buckets.add(buffer.untyped_storage().data_ptr())
+            work = dist.all_reduce(buffer.div_(world), async_op=True)
+            return work.get_future().then(lambda fut: fut.value()[0])
+
+        model.register_comm_hook(None, hook)
+        model(x).sum().backward()
+        grads = [p.grad for p in model.parameters()]
+        out[str(view)] = {
+            "grads_in_a_bucket": sum(g.untyped_storage().data_ptr() in buckets for g in grads),
+            "grads": len(grads),
+            "buckets": len(buckets),
+        }
+    return out
+
+
+class WithUnused(nn.Module):
+    """One Linear used, one never used by forward (say a head only some steps need)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.used, self.unused = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def unused_parameters(device: torch.device, x: torch.Tensor, x_all: torch.Tensor) -> dict:
+    ref = WithUnused()
+    ref(x_all).pow(2).mean().backward()
+    ref_grad = ref.used.weight.grad
+    out = {}
+    settings = {
+        "default": {},
+        "find_unused_parameters=True": {"find_unused_parameters": True},
+        "static_graph=True": {"static_graph": True},
+    }
+    for name, kwargs in settings.items():
+        model = ddp(WithUnused(), device, **kwargs)
+        entry: dict = {"error": None, "steps": 0}
+        try:
+            for _ in range(3):
+                model.zero_grad(set_to_none=True)
+                model(x).pow(2).mean().backward()
+                entry["steps"] += 1
+                if entry["steps"] == 1:
+                    gap = (model.module.used.weight.grad.cpu() - ref_grad).abs().max().item()
+                    entry["first_grad_gap"] = gap
+        except RuntimeError as exc:  # the next forward refuses to start
+            entry["error"] = str(exc).split(". ")[0] + "."
+        entry["unused_grad_is_none"] = model.module.unused.weight.grad is None
+        entry["unused_parameter_size"] = model._get_ddp_logging_data().get("unused_parameter_size")
+        out[name] = entry
+        log(f"{name}: {entry['steps']} step(s) done, error: {entry['error']}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--trace-dir", type=Path, required=True, help="where each rank's trace goes"
+    )
+    args = parser.parse_args()
+    rank, world, device = setup()
+    g = torch.Generator().manual_seed(1)
+    x_all = torch.randn(PER_RANK * world, WIDTH, generator=g)
+    x = x_all[PER_RANK * rank : PER_RANK * (rank + 1)].to(device)
+    u_all = torch.randn(4 * world, 16, generator=g)
+    u = u_all[4 * rank : 4 * (rank + 1)].to(device)
+    out = {
+        "rank": rank,
+        "world": world,
+        "traced": traced_step(device, x, args.trace_dir / f"rank{rank}.json"),
+        "bucket_views": bucket_views(device, x),
+        "unused": unused_parameters(device, u, u_all),
+    }
+    report(out)
+    teardown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Checkers for notebook 08 (sharding: ZeRO, FSDP2, tensor parallelism, a 2-D mesh).
+
+* ``check_zero_bytes``: the learner's ``zero_bytes(stage, psi, n, k)``, the bytes a rank holds
+  under DDP (stage 0) and ZeRO-1, -2, -3, for fp32 parameters and gradients and ``k`` bytes of
+  optimizer state per parameter, against the formulas on a grid of sizes.
+* ``check_tp_plan``: the learner's tensor-parallel plan for the block of section 5, judged by
+  what it costs: every Linear split, and no more collectives in forward than the cheapest plan
+  (found by trying all of them with the same rules).
+* ``check_batch_for``: the bug hunt. ``batch_for(x, dp, tp, dp_size, tp_size)`` must give the
+  ranks of one tensor-parallel group the same rows and different data-parallel groups
+  disjoint rows that cover the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+
+import torch
+
+from . import Feedback, checker
+from .answers import Given, describe, finite_number, number_problem
+
+__all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "tp_plan_cost"]
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO bytes per rank
+
+
+def _zero_reference(stage: int, psi: int, n: int, k: float, width: int = 4) -> float:
+    """``width``-byte parameters and gradients (fp32: 4), k bytes of optimizer state each."""
+    params, grads, state = width * psi, width * psi, k * psi
+    if stage >= 1:
+        state /= n
+    if stage >= 2:
+        grads /= n
+    if stage >= 3:
+        params /= n
+    return params + grads + state
+
+
+_GRID = [
+    (stage, psi, n, k)
+    for stage in range(4)
+    for psi in (1000, 197_376, 10**9)
+    for n in (2, 8)
+    for k in (8, 12)
+]
+
+
+@checker(answers=("zero_bytes",))
+def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], float]) -> Feedback:
+    """``zero_bytes(stage, psi, n, k)``: bytes of parameters + gradients + optimizer state on one
+    rank, stage 0 (DDP) to 3, ``psi`` fp32 parameters, ``n`` ranks, ``k`` bytes of state each."""
+    fb = Feedback("zero_bytes(stage, psi, n, k) gives the bytes on one rank")
+    fb.hint(
+        "start from DDP, 4 + 4 + k bytes per parameter on every rank; each stage divides one "
+        "more of the three by n: first the optimizer state, then the gradients, then the "
+        "parameters"
+    )
+    fb.fix(
+        "stage 0: (8 + k) * psi; stage 1: 8 * psi + k * psi / n; stage 2: 4 * psi + "
+        "(4 + k) * psi / n; stage 3: (8 + k) * psi / n"
+    )
+    wrong: list[str] = []
+    bf16 = 0  # answers that match the Playbook's bf16 form (2-byte parameters and gradients)
+    for stage, psi, n, k in _GRID:
+        want = _zero_reference(stage, psi, n, k)
+        call = f"zero_bytes({stage}, {psi:,}, {n}, {k})"
+        got = fb.run(call, zero_bytes, stage, psi, n, k)
+        value = finite_number(got)
+        fb.require(
+            value is not None,
+            number_problem(call, got) + " (a number of bytes)",
+            brief="zero_bytes does not return a number",
+        )
+        if abs(value - want) > 1e-9 * want + 0.5:
+            wrong.append(f"{call} = {value:,.0f}, expected {want:,.0f}")
+            if abs(value - _zero_reference(stage, psi, n, k, width=2)) <= 1e-9 * want + 0.5:
+                bf16 += 1
+    if bf16:
+        fb.hint(
+            "this course trains in fp32: a parameter and its gradient take 4 bytes each, not 2 "
+            "(the Playbook's formula is for bf16 with an fp32 master copy inside k)"
+        )
+    fb.expect(
+        not wrong,
+        "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
+        brief=f"{len(wrong)} of {len(_GRID)} values are wrong",
+    )
+    return fb
+
+
+# ---------------------------------------------------------------------------------------------
+# A tensor-parallel plan for the block, judged by its collectives
+
+LINEARS = ("attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc1", "mlp.fc2")
+_STYLES = ("colwise", "rowwise", None)  # None: the Linear stays whole on every rank
+
+
+def _style(value: object) -> str | None | bool:
+    """'colwise', 'rowwise' or None from a string or a torch style object; False: not a style."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower().replace("parallel", "").replace("-", "").replace("_", "")
+        return text if text in ("colwise", "rowwise") else False
+    name = type(value).__name__
+    if name == "ColwiseParallel":
+        return "colwise"
+    if name == "RowwiseParallel":
+        return "rowwise"
+    return False
+
+
+def _to_replicated(layout: str) -> int:
+    """Collectives to make an activation whole on every rank: sharded -> all-gather, partial
+    sums -> all-reduce, already whole -> none."""
+    return 0 if layout == "replicated" else 1
+
+
+def _linear(style: str | None, layout: str) -> tuple[int, str]:
+    """(collectives before it, layout after) of one Linear given its input's layout."""
+    if style == "colwise":  # needs the whole input; each rank computes some output features
+        return _to_replicated(layout), "sharded"
+    if style == "rowwise":  # needs its input's features split: a whole input is sliced locally
+        return (1 if layout == "partial" else 0), "partial"
+    return _to_replicated(layout), "replicated"
+
+
+def tp_plan_cost(plan: Mapping[str, str | None]) -> int:
+    """Collectives in one forward of the block (attention and MLP) under ``plan`` (one style per
+    name of ``LINEARS``), with the rules of Megatron-LM: a column split makes features sharded,
+    a row split leaves partial sums; GELU and attention work on sharded features (heads), not on
+    partial sums; a residual addition needs the whole activation."""
+    cost, outs = 0, []
+    for name in ("attn.q", "attn.k", "attn.v"):  # all read the block's whole (normed) input
+        c, out = _linear(plan[name], "replicated")
+        cost, outs = cost + c, [*outs, out]
+    if all(o == "sharded" for o in outs):
+        layout = "sharded"  # each rank has all of q, k, v for its heads: attention is local
+    else:
+        cost += sum(_to_replicated(o) for o in outs)
+        layout = "replicated"
+    c, layout = _linear(plan["attn.o"], layout)
+    cost += c + _to_replicated(layout)  # the residual addition
+    c, layout = _linear(plan["mlp.fc1"], "replicated")
+    cost += c + (1 if layout == "partial" else 0)  # GELU(a + b) is not GELU(a) + GELU(b)
+    layout = "replicated" if layout == "partial" else layout
+    c, layout = _linear(plan["mlp.fc2"], layout)
+    return cost + c + _to_replicated(layout)
+
+
+def _cheapest_full_split() -> int:
+    plans = itertools.product(("colwise", "rowwise"), repeat=len(LINEARS))
+    return min(tp_plan_cost(dict(zip(LINEARS, p, strict=True))) for p in plans)
+
+
+@checker(answers=("plan",))
+def check_tp_plan(plan: Mapping[str, object]) -> Feedback:
+    """``plan``: {"attn.q": ColwiseParallel() or "colwise", ...} for the six Linears of the block.
+
+    Passes when every Linear is split (each rank stores part of every weight) and one forward
+    needs no more collectives than the cheapest plan that splits them all."""
+    best = _cheapest_full_split()  # the reference, before anything of the learner's is read
+    fb = Feedback("a tensor-parallel plan that splits every Linear with the fewest collectives")
+    fb.hint(
+        "follow one activation through a sub-block: which split leaves each rank with whole "
+        "features it can apply GELU (or attention, head by head) to, and which split's partial "
+        "sums does one all-reduce make whole?"
+    )
+    fb.fix(
+        'q, k, v and fc1 "colwise", o and fc2 "rowwise": one all-reduce per sub-block, after '
+        "the row-split Linear (section 5 counted them)"
+    )
+    fb.require(
+        isinstance(plan, Mapping),
+        f"plan must be a dict from a Linear's name to its style, not {describe(plan)}",
+        brief="the plan is not a dict",
+    )
+    missing = [n for n in LINEARS if n not in plan]
+    unknown = [str(n) for n in plan if n not in LINEARS]
+    fb.require(
+        not missing and not unknown,
+        (f"the plan lacks {', '.join(missing)}" if missing else "")
+        + ("; " if missing and unknown else "")
+        + (f"the block has no Linear named {', '.join(unknown)}" if unknown else "")
+        + f" (its Linears: {', '.join(LINEARS)})",
+        brief="the plan does not name the block's six Linears",
+    )
+    styles = {n: _style(plan[n]) for n in LINEARS}
+    bad = [n for n, s in styles.items() if s is False]
+    fb.require(
+        not bad,
+        f"{', '.join(bad)}: use ColwiseParallel() / RowwiseParallel() or 'colwise' / 'rowwise'",
+        brief="a style in the plan is not colwise or rowwise",
+    )
+    whole = [n for n, s in styles.items() if s is None]
+    fb.expect(
+        not whole,
+        f"{', '.join(whole)} stay whole on every rank: their weights are not split at all",
+        brief="not every Linear is split",
+    )
+    cost = tp_plan_cost(styles)
+    fb.expect(
+        cost <= best,
+        f"this plan needs {cost} collectives in one forward of the block; the cheapest plan that "
+        f"splits every Linear needs {best}",
+        brief="the plan needs more collectives than necessary",
+    )
+    return fb
+
+
+# ---------------------------------------------------------------------------------------------
+# The bug hunt: which rows of the batch each rank of a 2-D mesh trains on
+
+_MESHES = ((2, 2), (4, 2), (2, 4))
+
+
+@checker
+def check_batch_for(batch_for: Callable[..., torch.Tensor]) -> Feedback:
+    """``batch_for(x, dp, tp, dp_size, tp_size)``: the rows of the global batch ``x`` that the rank
+    at mesh coordinates (dp, tp) trains on, for several mesh shapes."""
+    fb = Feedback("batch_for gives each data-parallel group its own rows, shared inside TP")
+    fb.hint(
+        "the ranks of one tp group split every layer between them: they must compute on the "
+        "same samples. Which coordinate tells the groups with different data apart?"
+    )
+    fb.fix("rows = len(x) // dp_size; return x[dp * rows:(dp + 1) * rows]")
+    for dp_size, tp_size in _MESHES:
+        x = torch.arange(8 * dp_size * 3, dtype=torch.float32).reshape(8 * dp_size, 3)
+        given = Given("x", x)
+        got: dict[tuple[int, int], torch.Tensor] = {}
+        for dp, tp in itertools.product(range(dp_size), range(tp_size)):
+            call = f"batch_for(x, dp={dp}, tp={tp}, dp_size={dp_size}, tp_size={tp_size})"
+            out = fb.run(call, batch_for, given, dp, tp, dp_size, tp_size, returns=torch.Tensor)
+            fb.require(
+                out.dim() == 2 and out.shape[1] == x.shape[1] and out.dtype == x.dtype,
+                f"{call} returned a tensor of shape {tuple(out.shape)} and {out.dtype}: "
+                f"return rows of x (shape (r, {x.shape[1]}), {x.dtype})",
+                brief="batch_for does not return rows of x",
+            )
+            got[dp, tp] = out.detach().cpu()
+        mesh = f"a {dp_size} x {tp_size} mesh"
+        same = all(
+            torch.equal(got[dp, tp], got[dp, 0]) for dp in range(dp_size) for tp in range(tp_size)
+        )
+        fb.expect(
+            same,
+            f"on {mesh} the ranks of one tp group (same dp, different tp) get different rows: "
+            "TP splits the layers, so they must see the same samples",
+            brief="the ranks of a tensor-parallel group see different data",
+        )
+        rows = [{tuple(r.tolist()) for r in got[dp, 0]} for dp in range(dp_size)]
+        everything = {tuple(r.tolist()) for r in x}
+        disjoint = sum(len(r) for r in rows) == len(set().union(*rows))
+        fb.expect(
+            disjoint and set().union(*rows) == everything,
+            f"on {mesh} the dp groups' rows do not split the batch (each row exactly once): "
+            "each data-parallel group trains on its own part",
+            brief="the data-parallel groups do not split the batch between them",
+        )
+        if not fb.passed:
+            fb.stop()
+    return fb

@@ -1,0 +1,230 @@
+"""Checkers of notebook 08: they pass the reference answers and fail the usual mistakes."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+from conftest import EqFloat, EqInt, EqualToAll
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from tutorial_utils.exercises import Feedback, reset_attempts
+from tutorial_utils.exercises.sharding import (
+    _GRID,
+    LINEARS,
+    _zero_reference,
+    check_batch_for,
+    check_tp_plan,
+    check_zero_bytes,
+    tp_plan_cost,
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_attempts():
+    reset_attempts()
+    yield
+    reset_attempts()
+
+
+def zero_bytes(stage, psi, n, k):
+    return {
+        0: (8 + k) * psi,
+        1: 8 * psi + k * psi / n,
+        2: 4 * psi + (4 + k) * psi / n,
+        3: (8 + k) * psi / n,
+    }[stage]
+
+
+def test_zero_bytes_passes_the_formulas():
+    assert check_zero_bytes(zero_bytes).passed
+
+
+def test_zero_bytes_fails_the_playbooks_bf16_form_with_a_hint_about_dtypes():
+    def bf16(stage, psi, n, k):
+        return {
+            0: (4 + k) * psi,
+            1: 4 * psi + k * psi / n,
+            2: 2 * psi + (2 + k) * psi / n,
+            3: (4 + k) * psi / n,
+        }[stage]
+
+    fb = check_zero_bytes(bf16)
+    assert not fb.passed and fb.answered and fb.attempt == 1
+    assert any("4 bytes each, not 2" in h for h in fb.hints)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        # ZeRO-2 written as ZeRO-3 (parameters sharded too)
+        lambda s, psi, n, k: zero_bytes(3 if s == 2 else s, psi, n, k),
+        # every stage shards everything
+        lambda s, psi, n, k: (8 + k) * psi / n,
+        # stages shifted by one
+        lambda s, psi, n, k: zero_bytes(min(s + 1, 3), psi, n, k),
+        # NaN and non-numbers
+        lambda s, psi, n, k: float("nan"),
+        lambda s, psi, n, k: "many",
+        lambda s, psi, n, k: torch.tensor(1.0),
+    ],
+)
+def test_zero_bytes_fails_wrong_answers(wrong):
+    assert not check_zero_bytes(wrong).passed
+
+
+def test_zero_bytes_placeholder_is_not_an_attempt():
+    fb = check_zero_bytes(lambda stage, psi, n, k: None)
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    assert "Not answered yet" in repr(fb)
+
+
+def test_zero_bytes_reports_what_the_function_raised():
+    fb = check_zero_bytes(lambda stage, psi, n, k: {}[stage])
+    assert not fb.passed and "KeyError" in str(fb)
+
+
+MEGATRON = {
+    "attn.q": "colwise",
+    "attn.k": "colwise",
+    "attn.v": "colwise",
+    "attn.o": "rowwise",
+    "mlp.fc1": "colwise",
+    "mlp.fc2": "rowwise",
+}
+
+
+def test_tp_plan_costs_follow_megatron():
+    assert tp_plan_cost(MEGATRON) == 2  # one all-reduce per sub-block (section 5 measured it)
+    assert tp_plan_cost(dict.fromkeys(LINEARS, "colwise")) == 4
+    assert tp_plan_cost(dict.fromkeys(LINEARS, "rowwise")) == 6
+    assert tp_plan_cost(dict.fromkeys(LINEARS)) == 0  # nothing split: nothing to communicate
+
+
+def test_tp_plan_passes_megatron_as_strings_and_as_torch_styles():
+    assert check_tp_plan(MEGATRON).passed
+    objects = {
+        n: ColwiseParallel() if s == "colwise" else RowwiseParallel() for n, s in MEGATRON.items()
+    }
+    assert check_tp_plan(objects).passed
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"mlp.fc1": "rowwise", "mlp.fc2": "colwise"},  # swapped
+        {"attn.o": "colwise"},
+        {"attn.k": "rowwise"},  # one head projection split the other way
+        {"mlp.fc2": None},  # a Linear left whole: cheap, but not split
+        {"attn.q": "diagonal"},
+    ],
+)
+def test_tp_plan_fails_costlier_or_incomplete_plans(change):
+    fb = check_tp_plan({**MEGATRON, **change})
+    assert not fb.passed and fb.answered
+
+
+def test_tp_plan_fails_a_plan_for_another_model_and_counts_placeholders_apart():
+    assert not check_tp_plan({"fc1": "colwise", "fc2": "rowwise"}).passed
+    assert not check_tp_plan(["colwise"] * 6).passed
+    untouched = check_tp_plan(dict.fromkeys(LINEARS, ...))
+    assert not untouched.answered and untouched.attempt == 0
+
+
+def buggy(x, dp, tp, dp_size, tp_size):  # the notebook's bug: split by the tp coordinate
+    rows = len(x) // tp_size
+    return x[tp * rows : (tp + 1) * rows]
+
+
+def fixed(x, dp, tp, dp_size, tp_size):
+    rows = len(x) // dp_size
+    return x[dp * rows : (dp + 1) * rows]
+
+
+def test_batch_for_passes_the_fix_and_fails_the_bug_with_a_hint_first():
+    assert check_batch_for(fixed).passed
+    first = check_batch_for(buggy)
+    assert not first.passed and first.attempt == 1 and not first.detailed
+    assert "tensor-parallel group see different data" in repr(first)
+    second = check_batch_for(buggy)
+    assert second.detailed and "Fix:" in repr(second)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda x, dp, tp, dp_size, tp_size: x,  # every rank the whole batch
+        lambda x, dp, tp, dp_size, tp_size: x[: len(x) // dp_size],  # the same rows everywhere
+        lambda x, dp, tp, dp_size, tp_size: x[dp :: dp_size * 2],  # misses rows
+        lambda x, dp, tp, dp_size, tp_size: x[0],  # one row, not rows
+        lambda x, dp, tp, dp_size, tp_size: x[:4] if dp_size == 2 else x[dp * 8 : dp * 8 + 8],
+    ],
+)
+def test_batch_for_fails_wrong_splits(wrong):
+    assert not check_batch_for(wrong).passed
+
+
+def test_batch_for_fails_when_the_learner_changes_the_batch():
+    def mutates(x, dp, tp, dp_size, tp_size):
+        x.zero_()
+        return fixed(x, dp, tp, dp_size, tp_size)
+
+    fb = check_batch_for(mutates)
+    assert not fb.passed and "changed" in str(fb)
+
+
+# --- properties: random wrong answers never pass (as tests/test_exercises_properties.py does) ----
+
+PROPERTY = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+NAN, INF = float("nan"), float("inf")
+garbage = st.one_of(
+    st.sampled_from(
+        [None, NAN, INF, -INF, mock.ANY, EqualToAll(), "", "colwise", [], {}, (), True, False]
+    ),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.builds(EqInt, st.integers(-(10**6), 10**6)),
+    st.builds(EqFloat, st.floats(allow_nan=True)),
+    st.builds(torch.zeros, st.integers(0, 3)),
+)
+
+
+def rejected(fb: Feedback) -> bool:
+    assert isinstance(fb, Feedback) and not fb.passed and fb.problems
+    repr(fb), fb._repr_html_(), str(fb)
+    return True
+
+
+@PROPERTY
+@given(value=garbage, at=st.sampled_from(_GRID), everywhere=st.booleans())
+def test_zero_bytes_rejects_garbage(value, at, everywhere):
+    def answer(stage, psi, n, k):
+        return value if everywhere or (stage, psi, n, k) == at else zero_bytes(stage, psi, n, k)
+
+    want = _zero_reference(*at)
+    plain = type(value) in (int, float, EqInt, EqFloat) and not isinstance(value, bool)
+    assume(not (plain and abs(float(value) - want) <= 1e-9 * want + 0.5 and not everywhere))
+    assume(not everywhere or value is not None)  # None everywhere is the placeholder
+    assert rejected(check_zero_bytes(answer))
+
+
+@PROPERTY
+@given(value=garbage, where=st.sampled_from(LINEARS))
+def test_tp_plan_rejects_garbage_styles(value, where):
+    assume(value != "colwise" or MEGATRON[where] != "colwise")
+    assert rejected(check_tp_plan({**MEGATRON, where: value}))
+
+
+@PROPERTY
+@given(value=garbage)
+def test_batch_for_rejects_garbage(value):
+    assert rejected(check_batch_for(lambda x, dp, tp, dp_size, tp_size: value))
