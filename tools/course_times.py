@@ -185,6 +185,8 @@ class Syllabus:
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The scale-out part, after the capstone: no syllabus below has room for it in the day.
 SCALE_OUT = ("08_sharding.ipynb",)
+#: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
+SECOND_DAY = ("05a_where_memory_goes.ipynb",)
 IN_ROOM_EXERCISES = (
     "00_start_here.ipynb",
     "01_moving_tensors.ipynb",
@@ -227,10 +229,11 @@ SYLLABI: tuple[Syllabus, ...] = (
             if name == "03_data_parallelism.ipynb"
             else Part(name, None, exercises=name in IN_ROOM_EXERCISES)
             for name in ALL
-            if name not in SCALE_OUT
+            if name not in SCALE_OUT + SECOND_DAY
         ),
         "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); "
-        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); the "
+        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); "
+        "notebook 05a, the formulas and the calculator (homework, or a second day); the "
         "scale-out notebook 08 (a second day)",
     ),
 )
@@ -389,7 +392,7 @@ def stated_time(path: Path) -> int | None:
 
 def _is_course_row(line: str, name: str) -> bool:
     """A row of the README's course table: ``| NN | [`NN_name.ipynb`](...) ... | N min | ...``."""
-    return bool(re.match(r"\| \d\d \| ", line)) and name in line
+    return bool(re.match(r"\| \d\d[a-z]? \| ", line)) and name in line
 
 
 def notebook_problems(name: str, est: Estimate) -> list[str]:
