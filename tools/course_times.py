@@ -185,6 +185,8 @@ class Syllabus:
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The scale-out part, after the capstone: no syllabus below has room for it in the day.
 SCALE_OUT = ("08_sharding.ipynb",)
+#: 05 in the room: all but section 6, the clinic of planted bugs (homework in every syllabus).
+OOM_IN_ROOM = ("Intro", "1.", "2.", "3.", "4.", "5.", "Summary", "Exercises", "Further")
 #: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
 SECOND_DAY = ("05a_where_memory_goes.ipynb",)
 IN_ROOM_EXERCISES = (
@@ -214,9 +216,10 @@ SYLLABI: tuple[Syllabus, ...] = (
         (
             Part("00_start_here.ipynb", None),
             Part("01_moving_tensors.ipynb", None),
-            Part("05_out_of_memory.ipynb", None),
+            Part("05_out_of_memory.ipynb", OOM_IN_ROOM),
         ),
-        "notebooks 02-04, 06 and 07 (homework, in that order); the scale-out notebook 08",
+        "notebooks 02-04, 06 and 07 (homework, in that order); 05's section 6, the clinic "
+        "(homework); the scale-out notebook 08",
     ),
     Syllabus(
         "a full day (8.5 hours)",
@@ -227,12 +230,15 @@ SYLLABI: tuple[Syllabus, ...] = (
             # root and a terminal: reading, or a demo from the instructor's screen
             Part(name, ("Intro", "1.", "2.", "4.", "Summary", "Further"), exercises=False)
             if name == "03_data_parallelism.ipynb"
+            else Part(name, OOM_IN_ROOM)
+            if name == "05_out_of_memory.ipynb"
             else Part(name, None, exercises=name in IN_ROOM_EXERCISES)
             for name in ALL
             if name not in SCALE_OUT + SECOND_DAY
         ),
         "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); "
-        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); "
+        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); 05's "
+        "section 6, the clinic (homework); "
         "notebook 05a, the formulas and the calculator (homework, or a second day); the "
         "scale-out notebook 08 (a second day)",
     ),
