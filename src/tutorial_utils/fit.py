@@ -291,7 +291,8 @@ def _formula_total(
     sharding: str,
     n_gpus: int,
 ) -> int:
-    """The same total by formula alone: bytes per parameter, the block formula, 4*s*b*v."""
+    """The same total by formula alone: bytes per parameter, the block formula, 4*s*b*v, and
+    under autocast 2 bytes per parameter for the cached bf16 weight copies. No transient."""
     states = formulas.model_state_bytes(n, precision, "adam" if optimizer == "adamw" else optimizer)
     weights, grads, master, state = (
         states.weights,
@@ -318,7 +319,9 @@ def _formula_total(
     else:
         acts = cfg.n_layers * layer
     logits = (e + 4) * seq * batch * cfg.vocab  # the logits, and their fp32 upcast for the loss
-    return int(weights + grads + master + state + acts + logits)
+    # autocast caches a bf16 copy of every weight a matmul uses, held until backward ends
+    copies = 2 * n if precision.startswith("autocast") else 0
+    return int(weights + grads + master + state + acts + logits + copies)
 
 
 def will_it_fit(
