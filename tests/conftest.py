@@ -360,7 +360,8 @@ class LabRun:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             m = re.search(
-                rf"is ready at: http://127\.0\.0\.1:{self.port}/lab\?token=(\w+)", self.text()
+                rf"is ready at: http://127\.0\.0\.1:{self.port}/lab[^?\s]*\?token=(\w+)",
+                self.text(),
             )
             if m:
                 return m.group(1)

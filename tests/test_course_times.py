@@ -104,6 +104,33 @@ def test_a_syllabus_that_overflows_its_slot_is_reported():
     assert "needs" in problem and "has 50 min" in problem
 
 
+def test_a_syllabus_needs_its_slack_and_one_exercise_per_notebook_taught():
+    ests = ct.estimates()
+    name = "00_start_here.ipynb"
+    est = ests[name]
+    no_exercise = ct.Syllabus("short", 600, 0, (ct.Part(name, None, exercises=False),), "-")
+    (problem,) = ct.check_syllabus(no_exercise, ests)
+    assert f"teaches {name} without any of its exercises" in problem
+    one = ct.Part(name, None, exercises=1)
+    minutes, kept = ct.part_minutes_and_exercises(one, est)
+    (exercises,) = [s for s in est.sections if s.heading.startswith("Exercises")]
+    whole = sum(s.minutes for s in est.sections)
+    assert kept == 1 < exercises.exercises
+    assert minutes == pytest.approx(whole - exercises.minutes * (1 - 1 / exercises.exercises))
+    assert ct.check_syllabus(ct.Syllabus("ok", 600, 0, (one,), "-"), ests) == []
+    # the slack is not teaching time: a plan that fits without it does not fit with it
+    room = ct.round_up(minutes)
+    assert ct.check_syllabus(ct.Syllabus("tight", room, 0, (one,), "-"), ests) == []
+    (problem,) = ct.check_syllabus(ct.Syllabus("tight", room, 0, (one,), "-", slack_min=5), ests)
+    assert "and 5 min of slack" in problem
+
+
+def test_every_syllabus_plans_slack_and_breaks():
+    for syllabus in ct.SYLLABI:
+        assert syllabus.slack_min >= 10, syllabus.name
+        assert syllabus.slot_min <= 90 or syllabus.break_min >= 15, syllabus.name
+
+
 def test_stated_times_elsewhere_agree_with_the_estimate():
     """course.py, the README table, docs/times.md and the instructor guide's syllabi."""
     problems = ct.other_problems(ct.estimates())

@@ -80,6 +80,11 @@ def test_real_server_needs_its_own_token(start_lab, tmp_path):
         names = ok.read().decode()
     assert "00_start_here.ipynb" in names or '"content"' in names
     assert "0.0.0.0" not in run.text()
+    # it opens on notebook 00, and 00's link to ../docs/troubleshooting.md is served
+    assert f"{run.port}/lab/tree/notebooks/00_start_here.ipynb?token=" in run.text()
+    docs = f"http://127.0.0.1:{run.port}/files/docs/troubleshooting.md?token={token}"
+    with urllib.request.urlopen(docs, timeout=10) as ok:
+        assert b"Troubleshooting" in ok.read()
 
 
 @pytest.mark.slow
@@ -193,3 +198,33 @@ def test_a_port_taken_after_the_check_is_an_error_not_a_move(tmp_path):
     assert "lab: JupyterLab stopped before it was ready" in run.stderr
     assert "is ready at" not in run.stdout and f":{port + 1}/" not in run.stdout + run.stderr
     assert list(tmp_path.glob("tutorial-lab-*")) == []
+
+
+def test_the_lab_opens_on_notebook_00_and_serves_what_the_notebooks_link_to():
+    cmd = lab_command(ROOT / "notebooks", is_root=False)
+    root = Path(next(p for p in cmd if p.startswith("--ServerApp.root_dir=")).split("=", 1)[1])
+    assert root == ROOT
+    assert "--ServerApp.default_url=/lab/tree/notebooks/00_start_here.ipynb" in cmd
+    # every relative link in a notebook's prose must name a file inside what the lab serves
+    # (issue 20: 00's "Troubleshooting · Glossary" went to ../docs/..., outside notebooks/)
+    import json
+    import re
+
+    checked = 0
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] != "markdown":
+                continue
+            for target in re.findall(r"\]\(([^)\s]+)\)", "".join(cell["source"])):
+                if re.match(r"[a-z]+:|#", target):
+                    continue
+                path = (nb.parent / target.partition("#")[0]).resolve()
+                assert path.is_relative_to(root), f"{nb.name} links outside the lab: {target}"
+                assert path.exists(), f"{nb.name} links to {target}: no such file"
+                checked += 1
+    assert checked >= 3  # 00's three doc links at least
+
+
+def test_without_notebook_00_the_lab_opens_on_the_folder(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    assert lab.start_page(tmp_path / "notebooks") == "/lab/tree/notebooks"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -1084,3 +1085,49 @@ def test_a_step_that_cannot_run_is_one_sentence():
     with pytest.raises(ValueError, match=r"cannot infer a -1") as info:
         memory.estimate(models.MLP, (2, -1))
     assert "\n" not in str(info.value)
+
+
+@pytest.fixture
+def two_rank_mesh():
+    """A 2-rank device mesh in this one process (a fake process group: its collectives do
+    nothing), so a DTensor here holds one half of its global tensor, as a real rank 0 would."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_dtensor_counts_its_local_shard_not_its_global_size(two_rank_mesh):
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    d = distribute_tensor(torch.zeros(1024, 256), two_rank_mesh, [Shard(0)])
+    assert d.untyped_storage().nbytes() == 1 * MiB  # what the wrapper reports: the global size
+    gc.collect()  # (earlier tests' garbage freed inside the count would change its delta)
+    with memory.measure("cpu") as m:
+        e = d * 2  # one operator whose output is a DTensor
+    assert e.to_local().nbytes == m.delta_bytes == MiB // 2
+    with memory.measure("cpu") as m:  # found by the scan that starts the count
+        del d, e
+    assert m.delta_bytes == -MiB
+
+
+def test_a_wrapper_subclass_counts_the_tensors_inside_it():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, b = torch.zeros(1024), torch.ones(1024)
+    gc.collect()
+    with memory.measure("cpu") as m:
+        t = TwoTensor(a.clone(), b.clone())  # two 4 KiB tensors; its own storage says 4 KiB
+    assert t.untyped_storage().nbytes() == 4096
+    assert m.delta_bytes == 8192
+    with memory.measure("cpu") as m:
+        u = t * 2
+    assert m.delta_bytes == 8192
+    del t, u

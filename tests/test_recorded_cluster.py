@@ -67,6 +67,32 @@ def test_malformed_files_are_passed_over_for_an_older_good_one(tmp_path, text):
     (tmp_path / "slurm-two-node-2026-12-24.json").write_text(text)
     shown = recorded_cluster.show("ddp", results_dir=tmp_path)
     assert shown.found and shown.source["date"] == "2026-11-01"
+    if (
+        text.startswith("{not")
+        or text.startswith("[[")
+        or "reports" in text
+        or "not a list" in text
+    ):
+        # a file that claims to be a record and cannot be read is named, with why
+        assert "slurm-two-node-2026-12-24.json" in str(shown).splitlines()[-1], str(shown)
+    else:  # another schema, or not an object: not one of ours, passed over quietly
+        assert not shown.skipped
+
+
+def test_the_gpu_results_pass_over_a_slurm_record_quietly(tmp_path):
+    # every GPU placeholder in 00, 01, 05 and 06 printed "Skipped in docs/results (could not be
+    # read): slurm-two-node-2026-12-01.json": the GPU reader took the Slurm record for a bad GPU run
+    from tutorial_utils import recorded
+
+    (tmp_path / "slurm-two-node-2026-12-01.json").write_text(json.dumps(RUN))
+    shown = recorded.show("h2d_bandwidth", results_dir=tmp_path)
+    assert not shown.found and not shown.skipped
+    assert str(shown).count("\n") == 0
+    bad_gpu_run = {"schema": 1, "device": "an H200", "results": {}}  # still named
+    (tmp_path / "x-2026-12-01.json").write_text(json.dumps(bad_gpu_run))
+    assert recorded.show("h2d_bandwidth", results_dir=tmp_path).skipped == (
+        "x-2026-12-01.json: its 'device' and 'results' must be objects",
+    )
 
 
 def test_unknown_key_is_one_sentence():

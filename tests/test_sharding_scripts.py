@@ -18,6 +18,11 @@ from tutorial_utils.distributed import launch
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 PSI = 3 * (256 * 256 + 256)  # zero_stages.py's model: 3 x Linear(256, 256)
 TENSORS = 6
+# FSDP2 calls these collectives by their names before torch 2.13 (the GPU machine has 2.11)
+_SINCE_2_13 = {
+    "all_gather_into_tensor": "all_gather_single",
+    "reduce_scatter_tensor": "reduce_scatter_single",
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,7 @@ def test_zero_stages_communication_per_step(zero):
     assert weighted("DDP") == weighted("ZeRO-2") == {8 * PSI}  # 2 Psi of fp32
     assert weighted("ZeRO-1") == weighted("ZeRO-3") == {12 * PSI}  # 3 Psi
     assert weighted("ZeRO-3 bf16") == {8 * PSI}  # bf16 all-gathers, fp32 reduce-scatter
-    fsdp = zero[0]["ZeRO-3"]["comm"]["by_collective"]
+    fsdp = {_SINCE_2_13.get(k, k): v for k, v in zero[0]["ZeRO-3"]["comm"]["by_collective"].items()}
     assert set(fsdp) == {"all_gather_single", "reduce_scatter_single"}
     assert fsdp["all_gather_single"]["calls"] == 6 and fsdp["reduce_scatter_single"]["calls"] == 3
 
@@ -119,7 +124,10 @@ def test_fsdp_depth_prefetch_clip_checkpoint_offload(tmp_path):
         off = rep["offload"]
         assert off["param_device"] == off["grad_device"] == off["state_device"] == "cpu"
         if not torch.cuda.is_available():  # pinned memory needs an accelerator
-            assert "accelerator" in off["default_error"]
+            # a CPU-only build: "Cannot access accelerator..."; a CUDA build without a driver
+            # (torch 2.11+cu130 here): "Found no NVIDIA driver on your system"
+            error = off["default_error"]
+            assert "accelerator" in error or "NVIDIA driver" in error, error
     # 2 shards saved, loaded whole in this one process
     expected = torch.load(tmp_path / "expected_full_weights.pt")
     state = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}

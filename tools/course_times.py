@@ -169,8 +169,11 @@ def estimates() -> dict[str, Estimate]:
 class Part:
     notebook: str
     sections: tuple[str, ...] | None  # heading prefixes; None: the whole notebook
-    exercises: bool = True  # False: its "Exercises" section is homework, not counted here
+    # True: all of its "Exercises" section; a number n: its first n exercises, taught in the
+    # room (the section's minutes pro rata), the rest homework; False or 0: all homework
+    exercises: bool | int = True
     note: str = ""
+    leave_out: tuple[str, ...] = ()  # heading prefixes of sections taught as reading instead
 
 
 @dataclass(frozen=True)
@@ -180,21 +183,29 @@ class Syllabus:
     break_min: int
     parts: tuple[Part, ...]
     skipped: str  # what this syllabus leaves out, in words
+    # arrival and setup, a seat whose install fails, questions: not planned as teaching
+    slack_min: int = 0
 
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The scale-out part, after the capstone: no syllabus below has room for it in the day.
 SCALE_OUT = ("08_sharding.ipynb",)
-#: 05 in the room: all but section 6, the clinic of planted bugs (homework in every syllabus).
-OOM_IN_ROOM = ("Intro", "1.", "2.", "3.", "4.", "5.", "Summary", "Exercises", "Further")
+# The exercises a full day keeps in the room: one per notebook, the rest homework.
+FULL_DAY_CUTS = {
+    # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
+    # a terminal: reading, or a demo from the instructor's screen
+    "03_data_parallelism.ipynb": ("3.",),
+    "01_moving_tensors.ipynb": ("7.",),  # timing a transfer: reading
+    "05_out_of_memory.ipynb": ("5.", "6."),  # snapshots, fragmentation; the clinic: reading
+}
 #: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
 SECOND_DAY = ("05a_where_memory_goes.ipynb",)
-IN_ROOM_EXERCISES = (
-    "00_start_here.ipynb",
-    "01_moving_tensors.ipynb",
-    "05_out_of_memory.ipynb",
-    "07_capstone_make_it_fit.ipynb",
-)
+
+
+def _full_day_part(name: str) -> Part:
+    cut = FULL_DAY_CUTS.get(name, ())
+    return Part(name, None, exercises=1, leave_out=cut)
+
 
 SYLLABI: tuple[Syllabus, ...] = (
     Syllabus(
@@ -203,46 +214,44 @@ SYLLABI: tuple[Syllabus, ...] = (
         0,
         (
             Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), note="live"),
-            Part("05_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
-            Part("05_out_of_memory.ipynb", ("4.",), note="read the fixes together, run a few"),
+            Part("00_start_here.ipynb", ("Exercises",), exercises=1),
+            Part("05_out_of_memory.ipynb", ("Intro", "1.", "3."), note="live"),
+            Part("05_out_of_memory.ipynb", ("Exercises",), exercises=1),
         ),
-        "notebooks 01-04, 06 and 07, and every exercise (give them as homework); the scale-out "
-        "notebook 08",
+        "notebooks 01-04, 06 and 07, 05's sections 2, 4 and 5 and the other exercises (give them "
+        "as homework); the scale-out notebook 08",
+        slack_min=10,
     ),
     Syllabus(
         "half a day (4 hours)",
         240,
         30,
         (
-            Part("00_start_here.ipynb", None),
-            Part("01_moving_tensors.ipynb", None),
-            Part("05_out_of_memory.ipynb", OOM_IN_ROOM),
+            Part("00_start_here.ipynb", None, exercises=1),
+            Part("01_moving_tensors.ipynb", None, exercises=1),
+            # 05's section 6, the clinic of planted bugs: homework
+            Part("05_out_of_memory.ipynb", None, exercises=1, leave_out=("6.",)),
         ),
-        "notebooks 02-04, 06 and 07 (homework, in that order); 05's section 6, the clinic "
-        "(homework); the scale-out notebook 08",
+        "notebooks 02-04, 05a, 06 and 07, 05's section 6 (the clinic) and two exercises of each "
+        "notebook taught (homework, in that order); the scale-out notebook 08",
+        slack_min=20,
     ),
     Syllabus(
         "a full day (8.5 hours)",
         510,
         90,
-        tuple(
-            # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs
-            # root and a terminal: reading, or a demo from the instructor's screen
-            Part(name, ("Intro", "1.", "2.", "4.", "Summary", "Further"), exercises=False)
-            if name == "03_data_parallelism.ipynb"
-            else Part(name, OOM_IN_ROOM)
-            if name == "05_out_of_memory.ipynb"
-            else Part(name, None, exercises=name in IN_ROOM_EXERCISES)
-            for name in ALL
-            if name not in SCALE_OUT + SECOND_DAY
-        ),
-        "the exercises of 02, 03, 04 and 06 (homework; the capstone 07 is done in the room); "
-        "03's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); 05's "
-        "section 6, the clinic (homework); "
-        "notebook 05a, the formulas and the calculator (homework, or a second day); the "
-        "scale-out notebook 08 (a second day)",
+        tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
+        "all but one exercise of each notebook (homework); 01's section 7 and 05's sections 5 "
+        "and 6 (reading); notebook 05a, the formulas and the calculator (homework, or a second "
+        "day); 03's section 3, multi-node and Slurm (reading, or a demo on `make "
+        "cluster`); the scale-out notebook 08 (a second day)",
+        slack_min=30,
     ),
 )
+
+
+def _is_exercises(section: Section) -> bool:
+    return section.heading.lower().startswith("exercises")
 
 
 def part_sections(part: Part, est: Estimate) -> list[Section]:
@@ -250,9 +259,22 @@ def part_sections(part: Part, est: Estimate) -> list[Section]:
         found = list(est.sections)
     else:
         found = [est.section(prefix) for prefix in part.sections]
-    if not part.exercises:
-        found = [s for s in found if not s.heading.lower().startswith("exercises")]
-    return found
+    if part.exercises is False or part.exercises == 0:
+        found = [s for s in found if not _is_exercises(s)]
+    return [s for s in found if not (part.leave_out and s.heading.startswith(part.leave_out))]
+
+
+def part_minutes_and_exercises(part: Part, est: Estimate) -> tuple[float, int]:
+    """Unrounded minutes of ``part`` and how many exercises it teaches in the room."""
+    minutes, exercises = 0.0, 0
+    for section in part_sections(part, est):
+        share = 1.0
+        if _is_exercises(section) and part.exercises is not True and section.exercises:
+            kept = min(int(part.exercises), section.exercises)
+            share = kept / section.exercises
+        minutes += section.minutes * share
+        exercises += round(section.exercises * share)
+    return minutes, exercises
 
 
 def syllabus_rows(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[tuple[str, str, int]]:
@@ -261,16 +283,23 @@ def syllabus_rows(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[tuple[s
     for part in syllabus.parts:
         if part.notebook not in ests:
             raise KeyError(f"syllabus {syllabus.name!r} names {part.notebook}, which is not here")
-        sections = part_sections(part, ests[part.notebook])
-        minutes = round_up(sum(s.minutes for s in sections))
-        exercises = sum(s.exercises for s in sections)
-        if part.sections is None:
+        est = ests[part.notebook]
+        sections = part_sections(part, est)
+        unrounded, exercises = part_minutes_and_exercises(part, est)
+        minutes = round_up(unrounded)
+        total = sum(s.exercises for s in est.sections)
+        if part.sections is None and part.leave_out:
+            left = " and ".join(c.rstrip(".") for c in part.leave_out)
+            what = f"the whole notebook but section {left} (reading)"
+        elif part.sections is None:
             what = "the whole notebook"
         else:
             what = "; ".join(s.heading for s in sections)
-        if exercises:
+        if exercises and exercises >= total:
             what += f", with its exercises ({exercises})"
-        elif not part.exercises:
+        elif exercises:
+            what += f", with {exercises} of its {total} exercises (the rest as homework)"
+        elif part.exercises is False or part.exercises == 0:
             what += ", exercises as homework"
         if part.note:
             what += f" ({part.note})"
@@ -279,14 +308,29 @@ def syllabus_rows(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[tuple[s
 
 
 def check_syllabus(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[str]:
+    """What is wrong with ``syllabus``: it overflows its slot once breaks and slack are out, or
+    a notebook it teaches keeps none of its exercises in the room."""
+    out = []
     teaching = sum(m for _, _, m in syllabus_rows(syllabus, ests))
-    room = syllabus.slot_min - syllabus.break_min
+    room = syllabus.slot_min - syllabus.break_min - syllabus.slack_min
     if teaching > room:
-        return [
+        out.append(
             f"syllabus {syllabus.name!r} needs {teaching} min of teaching but has {room} min "
-            f"({syllabus.slot_min} min less {syllabus.break_min} min of breaks): cut a part"
-        ]
-    return []
+            f"({syllabus.slot_min} min less {syllabus.break_min} min of breaks and "
+            f"{syllabus.slack_min} min of slack): cut a part"
+        )
+    kept: dict[str, int] = {}
+    for part in syllabus.parts:
+        if part.notebook in ests:
+            _, n = part_minutes_and_exercises(part, ests[part.notebook])
+            kept[part.notebook] = kept.get(part.notebook, 0) + n
+    for notebook, n in kept.items():
+        if n == 0 and ests[notebook].total("exercises"):
+            out.append(
+                f"syllabus {syllabus.name!r} teaches {notebook} without any of its exercises: "
+                "keep at least one in the room (Part(..., exercises=1))"
+            )
+    return out
 
 
 # --------------------------------------------------------------------------- rendering
@@ -362,6 +406,12 @@ def render_syllabi(ests: dict[str, Estimate]) -> str:
             "",
             f"{teaching} minutes of teaching by the estimate"
             + (f", plus {syllabus.break_min} minutes of breaks" if syllabus.break_min else "")
+            + (
+                f" and {syllabus.slack_min} minutes of slack (arrival and setup, a seat whose "
+                "install fails, questions)"
+                if syllabus.slack_min
+                else ""
+            )
             + f", in a {syllabus.slot_min}-minute slot. Left out: {syllabus.skipped}.",
             "",
             "| notebook | what | minutes |",

@@ -72,6 +72,9 @@ DEV_ONLY_TESTS = {
     "nbclient": [
         "tests/test_gauges.py::test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs"
     ],
+    # strict nbval of 06 and 07 under ONEDNN_MAX_CPU_ISA=AVX2 (a CPU question, and nbval compares
+    # with outputs saved on torch 2.13: the notebooks phase runs them there, uncompared)
+    "nbval": ["tests/test_instruction_sets.py"],
 }
 
 # Tests that are not about the GPU and would take most of the check's minutes: the Slurm cluster

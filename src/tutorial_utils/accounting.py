@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
     _pop_mode,
     _push_mode,
+    is_traceable_wrapper_subclass,
 )
 
 from . import devices
@@ -290,8 +291,17 @@ def _patch_operatorless_constructors() -> None:
 
 
 def _storages_of(t: torch.Tensor) -> list:
-    """The storages that hold ``t``'s memory: its own, or a sparse tensor's index and value
-    tensors' (a sparse tensor has no storage of its own). Empty where there is none to see."""
+    """The storages that hold ``t``'s memory: its own, a sparse tensor's index and value
+    tensors' (a sparse tensor has no storage of its own), or a wrapper subclass's inner tensors'
+    (a ``DTensor`` holds its rank's shard in a plain tensor, while its own storage reports the
+    global size and holds nothing). Empty where there is none to see."""
+    if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+        try:
+            inner = [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            return []
+        # (DTensor's list also names its device mesh, which holds no tensor memory)
+        return [s for x in inner if isinstance(x, torch.Tensor) for s in _storages_of(x)]
     try:
         return [t.untyped_storage()]
     except (RuntimeError, NotImplementedError, TypeError):
@@ -309,6 +319,17 @@ def _storages_of(t: torch.Tensor) -> list:
         return [p.untyped_storage() for p in parts]
     except (RuntimeError, NotImplementedError, TypeError):
         return []
+
+
+def _holds_memory(s: torch.UntypedStorage) -> bool:
+    """False for the storage object of a wrapper subclass (a ``DTensor``'s reports its global
+    size but points at nothing: asking for its address raises), which a learner's
+    ``d.untyped_storage()`` keeps alive for the scan to find."""
+    try:
+        s.data_ptr()
+    except RuntimeError:
+        return False
+    return True
 
 
 class _Accountant(TorchDispatchMode):
@@ -632,7 +653,11 @@ class _Accountant(TorchDispatchMode):
             self._book_found(found + grads, cpu)
             if storages:  # those a tensor uses are booked already; the others count too
                 with self.lock:
-                    mine = [t for t in storages if t.device.type == self.storage_device]
+                    mine = [
+                        t
+                        for t in storages
+                        if t.device.type == self.storage_device and _holds_memory(t)
+                    ]
                     added, todo = self._new_storage_bytes(mine)
                     self._apply(todo, added, 0)
                     self.peak = self.current
@@ -645,6 +670,9 @@ class _Accountant(TorchDispatchMode):
             live, on_free, added = self.live, self._on_free, 0
             wrapping = []  # storages that may wrap memory another one holds (see _container)
             for t in tensors:
+                if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+                    wrapping.extend(_storages_of(t))  # its inner tensors (a DTensor's shard)
+                    continue
                 try:
                     s = t.untyped_storage()
                 except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested, ...

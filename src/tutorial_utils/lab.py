@@ -13,6 +13,8 @@
   the token off, ``c.ServerApp.token = ''``, is refused with the line to remove; one that sets a
   token of its own, which would replace ours, is refused at once in the same way). The checks
   make no request the server logs as a warning.
+* It serves the repository (the folder above the notebooks) and opens on notebook 00, so the
+  notebooks' links to ``../docs/...`` open in the lab.
 * JupyterLab dies with this launcher (Linux: a parent-death signal); Ctrl-C reaches JupyterLab,
   which asks whether to shut down. As root (containers, some cloud machines) JupyterLab refuses to
   start unless it is given ``--allow-root``, so that flag is added only then.
@@ -40,7 +42,7 @@ import psutil
 
 from .processes import tied_to_parent
 
-__all__ = ["lab_command", "main", "parse_port"]
+__all__ = ["lab_command", "main", "parse_port", "served_root", "start_page"]
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
@@ -62,6 +64,22 @@ def parse_port(text: str | int) -> int:
     return port
 
 
+FIRST_NOTEBOOK = "00_start_here.ipynb"
+
+
+def served_root(notebook_dir: str | Path = "notebooks") -> Path:
+    """The folder the lab serves: the one above the notebooks (the repository), so that their
+    links to ``../docs/...`` open in the lab instead of doing nothing."""
+    return Path(notebook_dir).resolve().parent
+
+
+def start_page(notebook_dir: str | Path = "notebooks") -> str:
+    """The page the lab opens on: the first notebook, or the notebooks' folder without it."""
+    folder = Path(notebook_dir).resolve()
+    page = f"/lab/tree/{folder.name}"
+    return f"{page}/{FIRST_NOTEBOOK}" if (folder / FIRST_NOTEBOOK).is_file() else page
+
+
 def lab_command(
     notebook_dir: str | Path = "notebooks",
     *,
@@ -79,7 +97,8 @@ def lab_command(
         f"--ServerApp.ip={HOST}",
         f"--ServerApp.port={port}",
         "--ServerApp.port_retries=0",
-        f"--ServerApp.root_dir={Path(notebook_dir).resolve()}",
+        f"--ServerApp.root_dir={served_root(notebook_dir)}",
+        f"--ServerApp.default_url={start_page(notebook_dir)}",
     ]
     if not open_browser:
         cmd.append("--no-browser")
@@ -288,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _stop(child)
             print(f"lab: {problem}", file=sys.stderr)
             return 1
-        print(f"\nJupyterLab is ready at: http://{HOST}:{port}/lab?token={token}\n", flush=True)
+        page = start_page(args.notebook_dir)
+        print(f"\nJupyterLab is ready at: http://{HOST}:{port}{page}?token={token}\n", flush=True)
         return child.wait()
     finally:
         shutil.rmtree(token_file.parent, ignore_errors=True)

@@ -31,12 +31,14 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["KEYS", "Recorded", "find_results_dir", "load_runs", "show"]
+__all__ = ["KEYS", "Recorded", "find_results_dir", "load_runs", "read_records", "show"]
 
 SCHEMA = 1
+GPU_CHECK_KIND = "gpu-check"  # files without a "kind" are GPU-check runs too (the first ones)
 
 # What the GPU check records, and the notebook that shows each one.
 KEYS: dict[str, str] = {
@@ -77,6 +79,8 @@ def _run_problem(run: object) -> str | None:
     """
     if not isinstance(run, dict) or run.get("schema") != SCHEMA:
         return ""  # not one of ours (or an older schema)
+    if run.get("kind", GPU_CHECK_KIND) != GPU_CHECK_KIND:
+        return ""  # another record kept beside the GPU runs (a Slurm run: recorded_cluster)
     device = run.get("device")
     if not isinstance(device, dict) or not isinstance(run.get("results"), dict):
         return "its 'device' and 'results' must be objects"
@@ -110,11 +114,26 @@ def load_runs(
     A file that cannot be read (not JSON, nested too deeply for the parser, a malformed GPU
     run) is left out; with ``skipped`` given, one line per such file is appended to it.
     """
+    return read_records("*.json", _run_problem, results_dir, skipped)
+
+
+def read_records(
+    pattern: str,
+    problem: Callable[[object], str | None],
+    results_dir: str | os.PathLike | None = None,
+    skipped: list[str] | None = None,
+) -> list[dict]:
+    """The files of ``results_dir`` matching ``pattern`` that ``problem`` accepts, newest first.
+
+    ``problem(parsed)`` is None for a record to read, ``""`` for a file to pass over quietly
+    (not this kind of record), else why it cannot be read: that line, and each file that is not
+    JSON, is appended to ``skipped`` when given. Each record gets ``_file``, its file's name.
+    """
     folder = Path(results_dir) if results_dir is not None else find_results_dir()
     if folder is None or not folder.is_dir():
         return []
     runs = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(folder.glob(pattern)):
         try:
             run = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as exc:  # half-written, foreign, hostile
@@ -122,12 +141,12 @@ def load_runs(
                 why = "nested too deeply" if isinstance(exc, RecursionError) else "not valid JSON"
                 skipped.append(f"{path.name}: {why}")
             continue
-        problem = _run_problem(run)
-        if problem is None:
+        why = problem(run)
+        if why is None:
             run["_file"] = path.name
             runs.append(run)
-        elif problem and skipped is not None:
-            skipped.append(f"{path.name}: {problem}")
+        elif why and skipped is not None:
+            skipped.append(f"{path.name}: {why}")
     runs.sort(key=lambda r: (str(r.get("date", "")), r["_file"]), reverse=True)
     return runs
 

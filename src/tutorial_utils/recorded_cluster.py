@@ -4,8 +4,8 @@
 (``make cluster``), submits ``notebooks/scripts/slurm_ddp.sbatch`` and writes
 ``docs/results/slurm-two-node-<date>.json``. ``show(key)`` returns the newest run for ``key``
 (``"ddp"``: the course's job; ``"rank_fails"``: the same script running ``crash_demo.py``) as a
-value whose first line says where and when it ran; never as if it had just run. A missing or
-malformed file is one line saying so.
+value whose first line says where and when it ran; never as if it had just run. Nothing
+recorded is one line saying so; a file that could not be read is named, with why, below it.
 
 >>> print(show("ddp", results_dir="/nonexistent"))  # doctest: +ELLIPSIS
 No two-node Slurm run recorded yet...
@@ -14,12 +14,10 @@ No two-node Slurm run recorded yet...
 from __future__ import annotations
 
 import html
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .recorded import find_results_dir
+from .recorded import read_records
 
 __all__ = ["KEYS", "ClusterRun", "load_runs", "show"]
 
@@ -30,26 +28,26 @@ KEYS = {
 }
 
 
-def load_runs(results_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Every readable ``slurm-two-node-*.json`` in ``results_dir``, newest first."""
-    folder = Path(results_dir) if results_dir is not None else find_results_dir()
-    if folder is None or not folder.is_dir():
-        return []
-    found = []
-    for path in sorted(folder.glob("slurm-two-node-*.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError, RecursionError):
-            continue  # half-written, foreign or nested too deeply: not a record
-        if (
-            isinstance(record, dict)
-            and record.get("schema") == SCHEMA
-            and isinstance(record.get("runs"), dict)
-        ):
-            record["_file"] = path.name
-            found.append(record)
-    found.sort(key=lambda r: (str(r.get("date", "")), r["_file"]), reverse=True)
-    return found
+KIND = "slurm-two-node"
+
+
+def _record_problem(record: object) -> str | None:
+    """None for a Slurm record to read; ``""`` for another kind of file; else why not."""
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        return ""  # not one of ours (or an older schema)
+    if record.get("kind", KIND) != KIND:
+        return ""
+    if not isinstance(record.get("runs"), dict):
+        return "its 'runs' must be an object"
+    return None
+
+
+def load_runs(
+    results_dir: str | os.PathLike | None = None, skipped: list[str] | None = None
+) -> list[dict]:
+    """Every readable ``slurm-two-node-*.json`` in ``results_dir``, newest first; with
+    ``skipped`` given, one line per file that could not be read is appended to it."""
+    return read_records("slurm-two-node-*.json", _record_problem, results_dir, skipped)
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,7 @@ class ClusterRun:
     output: tuple[str, ...] = ()
     reports: dict = field(default_factory=dict)  # rank (int) -> what that rank reported
     source: dict = field(default_factory=dict)  # date, slurm, torch, machine, file
+    skipped: tuple[str, ...] = ()  # files (and runs) passed over, each with why
 
     @property
     def found(self) -> bool:
@@ -83,14 +82,16 @@ class ClusterRun:
         )
 
     def lines(self) -> list[str]:
-        if not self.found:
-            return [self.label]
-        return [
-            self.label,
-            f"$ {self.command}",
-            *self.output,
-            f"job state {self.state}, run time {self.run_time}",
-        ]
+        lines = [self.label]
+        if self.found:
+            lines += [
+                f"$ {self.command}",
+                *self.output,
+                f"job state {self.state}, run time {self.run_time}",
+            ]
+        if self.skipped:
+            lines.append("Skipped in docs/results (could not be read): " + "; ".join(self.skipped))
+        return lines
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -106,14 +107,19 @@ def show(key: str, results_dir: str | os.PathLike | None = None) -> ClusterRun:
     """The newest recorded run for ``key`` (one of ``KEYS``), labelled with where it ran."""
     if key not in KEYS:
         raise ValueError(f"unknown run {key!r}; recorded runs are: {', '.join(KEYS)}")
-    for record in load_runs(results_dir):
+    skipped: list[str] = []
+    for record in load_runs(results_dir, skipped):
         run = record["runs"].get(key)
+        if run is None:
+            continue  # not recorded in that file
         if not isinstance(run, dict) or not isinstance(run.get("output"), list):
+            skipped.append(f"{record['_file']} ({key}): its 'output' must be a list of lines")
             continue
         try:
             reports = {int(k): v for k, v in dict(run.get("reports", {})).items()}
         except (TypeError, ValueError):
-            continue  # a rank that is not a number: not a record we can read
+            skipped.append(f"{record['_file']} ({key}): its 'reports' must be keyed by rank")
+            continue
         return ClusterRun(
             key=key,
             command=str(run.get("command", "")),
@@ -122,5 +128,6 @@ def show(key: str, results_dir: str | os.PathLike | None = None) -> ClusterRun:
             output=tuple(str(x) for x in run["output"]),
             reports=reports,
             source={k: record.get(k, "?") for k in ("date", "slurm", "torch", "machine", "_file")},
+            skipped=tuple(skipped),
         )
-    return ClusterRun(key=key)
+    return ClusterRun(key=key, skipped=tuple(skipped))
