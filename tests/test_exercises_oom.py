@@ -123,3 +123,13 @@ def test_training_state_bytes_placeholder_zero_is_not_an_attempt() -> None:
     assert not untouched.passed and not untouched.answered and untouched.attempt == 0
     assert ex.check_training_state_bytes(model, 12345).attempt == 1
     reset_attempts()
+
+
+def test_training_state_bytes_accepts_adams_step_counters() -> None:
+    """Issue 20: the notebook's check counts 4 bytes per tensor for Adam's step (c8), so the
+    checker accepts that count too, and says both are right."""
+    model = models.MLP(d_in=300, d_hidden=700, d_out=5, depth=3)
+    n_tensors = len(list(model.parameters()))
+    with_steps = ex.check_training_state_bytes(model, 16 * _n(model) + 4 * n_tensors)
+    with_steps.assert_passed()
+    assert not ex.check_training_state_bytes(model, 16 * _n(model) + 4 * n_tensors + 4).passed

@@ -175,7 +175,7 @@ def test_bad_arguments_are_one_sentence(capsys):
 
 
 def test_the_order_runs_the_longest_notebooks_first():
-    names = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    names = sorted(gpu_check._number(p) for p in (ROOT / "notebooks").glob("[0-9]*.ipynb"))
     assert sorted(gpu_check.NOTEBOOK_ORDER) == names
     assert json.loads(json.dumps(gpu_check.DEV_ONLY_TESTS))  # plain data, shown in the report
 

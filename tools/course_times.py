@@ -196,8 +196,10 @@ FULL_DAY_CUTS = {
     # a terminal: reading, or a demo from the instructor's screen
     "03_data_parallelism.ipynb": ("3.",),
     "01_moving_tensors.ipynb": ("7.",),  # timing a transfer: reading
-    "05_out_of_memory.ipynb": ("5.",),  # snapshots and fragmentation: reading
+    "05_out_of_memory.ipynb": ("5.", "6."),  # snapshots, fragmentation; the clinic: reading
 }
+#: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
+SECOND_DAY = ("05a_where_memory_goes.ipynb",)
 
 
 def _full_day_part(name: str) -> Part:
@@ -224,21 +226,24 @@ SYLLABI: tuple[Syllabus, ...] = (
         "half a day (4 hours)",
         240,
         30,
-        tuple(
-            Part(name, None, exercises=1)
-            for name in ("00_start_here.ipynb", "01_moving_tensors.ipynb", "05_out_of_memory.ipynb")
+        (
+            Part("00_start_here.ipynb", None, exercises=1),
+            Part("01_moving_tensors.ipynb", None, exercises=1),
+            # 05's section 6, the clinic of planted bugs: homework
+            Part("05_out_of_memory.ipynb", None, exercises=1, leave_out=("6.",)),
         ),
-        "notebooks 02-04, 06 and 07 and two exercises of each notebook taught (homework, in that "
-        "order); the scale-out notebook 08",
+        "notebooks 02-04, 05a, 06 and 07, 05's section 6 (the clinic) and two exercises of each "
+        "notebook taught (homework, in that order); the scale-out notebook 08",
         slack_min=20,
     ),
     Syllabus(
         "a full day (8.5 hours)",
         510,
         90,
-        tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT),
-        "all but one exercise of each notebook (homework); 01's section 7 and 05's section 5 "
-        "(reading); 03's section 3, multi-node and Slurm (reading, or a demo on `make "
+        tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
+        "all but one exercise of each notebook (homework); 01's section 7 and 05's sections 5 "
+        "and 6 (reading); notebook 05a, the formulas and the calculator (homework, or a second "
+        "day); 03's section 3, multi-node and Slurm (reading, or a demo on `make "
         "cluster`); the scale-out notebook 08 (a second day)",
         slack_min=30,
     ),
@@ -443,7 +448,7 @@ def stated_time(path: Path) -> int | None:
 
 def _is_course_row(line: str, name: str) -> bool:
     """A row of the README's course table: ``| NN | [`NN_name.ipynb`](...) ... | N min | ...``."""
-    return bool(re.match(r"\| \d\d \| ", line)) and name in line
+    return bool(re.match(r"\| \d\d[a-z]? \| ", line)) and name in line
 
 
 def notebook_problems(name: str, est: Estimate) -> list[str]:

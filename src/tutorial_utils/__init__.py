@@ -14,6 +14,9 @@ Each module has one job:
 * ``distributed``: launch a script with torchrun from a notebook
 * ``processes``: child processes that die with their parent; external calls with a timeout
 * ``models``: the small seeded demo models the notebooks share
+* ``decoder``: the course's GPT-2 / Llama-style decoder, and real models' shapes (``PRESETS``)
+* ``formulas``: training memory by formula: parameters, bytes per parameter, activations
+* ``fit``: the "will it fit" calculator: one GPU's training memory for a decoder preset
 * ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
 * ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 03

@@ -28,7 +28,8 @@ MINUTES: dict[str, int] = {
     "02_creating_tensors_on_the_right_device.ipynb": 45,
     "03_data_parallelism.ipynb": 70,
     "04_model_parallelism.ipynb": 55,
-    "05_out_of_memory.ipynb": 90,
+    "05_out_of_memory.ipynb": 100,
+    "05a_where_memory_goes.ipynb": 70,
     "06_mixed_precision_and_cudnn.ipynb": 75,
     "07_capstone_make_it_fit.ipynb": 55,
     "08_sharding.ipynb": 95,
@@ -80,6 +81,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Out-of-memory troubleshooting",
         MINUTES["05_out_of_memory.ipynb"],
         "CPU (budget), 1 GPU (real OOM)",
+    ),
+    Notebook(
+        "05a_where_memory_goes.ipynb",
+        "Where memory goes: predict, measure, reconcile",
+        MINUTES["05a_where_memory_goes.ipynb"],
+        "CPU (every formula and tool), 1 GPU (snapshot on OOM)",
     ),
     Notebook(
         "06_mixed_precision_and_cudnn.ipynb",

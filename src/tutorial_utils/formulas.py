@@ -1,0 +1,190 @@
+"""Training memory by formula: parameter counts, bytes per parameter, activations per layer.
+
+One job: the closed forms a learner writes on paper before measuring, each derived for the
+course's own models and checked against a measurement in the "predict, measure, reconcile"
+notebook (and in ``tests/test_formulas.py``). Nothing here runs a model.
+
+- ``tiny_transformer_parameters`` / ``decoder_parameters``: exact counts from the shape.
+- ``playbook_parameters``: the Ultra-Scale Playbook's N = h*v + L*(12h^2 + 13h) + 2h.
+- ``BYTES_PER_PARAMETER`` and ``model_state_bytes``: weights, gradients, master weights and
+  optimizer state per precision recipe and optimizer.
+- ``block_activation_bytes``: what one decoder block saves for backward, the course block's
+  version of Korthikanti et al. (2022)'s ``s*b*h*(34 + 5*a*s/h)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .decoder import DecoderConfig
+
+__all__ = [
+    "BYTES_PER_PARAMETER",
+    "OPTIMIZER_STATE_BYTES",
+    "PRECISIONS",
+    "ModelStates",
+    "block_activation_bytes",
+    "decoder_parameters",
+    "korthikanti_bytes",
+    "model_state_bytes",
+    "playbook_parameters",
+    "tiny_transformer_parameters",
+]
+
+
+def tiny_transformer_parameters(vocab: int, d_model: int, n_layers: int, n_classes: int) -> int:
+    """``models.TinyTransformer``: embedding, L encoder layers (ffn 4h), a classification head.
+
+    Per layer: in_proj 3h^2 + 3h, out_proj h^2 + h, linear1 4h^2 + 4h, linear2 4h^2 + h and two
+    LayerNorms 2h each: 12h^2 + 13h, the Playbook's per-layer term exactly.
+    """
+    h = d_model
+    return vocab * h + n_layers * (12 * h * h + 13 * h) + h * n_classes + n_classes
+
+
+def playbook_parameters(d_model: int, vocab: int, n_layers: int) -> int:
+    """The Playbook's GPT-style count: tied embedding, L layers, a final LayerNorm (2h)."""
+    h = d_model
+    return h * vocab + n_layers * (12 * h * h + 13 * h) + 2 * h
+
+
+def _norm_weights(cfg: DecoderConfig) -> int:
+    return 2 * cfg.d_model if cfg.norm == "layer" else cfg.d_model
+
+
+def decoder_parameters(cfg: DecoderConfig) -> int:
+    """``decoder.Decoder``'s exact parameter count from its config."""
+    h, f, kv = cfg.d_model, cfg.ff, cfg.kv_heads * cfg.head_dim
+    bias = int(cfg.bias)
+    attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
+    n_matrices = 3 if cfg.mlp == "swiglu" else 2
+    mlp = n_matrices * h * f + bias * ((n_matrices - 1) * f + h)
+    layer = attention + mlp + 2 * _norm_weights(cfg)
+    embeddings = cfg.vocab * h + cfg.max_positions * h
+    head = 0 if cfg.tied else cfg.vocab * h
+    return embeddings + cfg.n_layers * layer + _norm_weights(cfg) + head
+
+
+#: The recipes of the calculator and the notebook: how weights, gradients and optimizer state
+#: are stored, in bytes per parameter (before the optimizer's own state).
+PRECISIONS = ("fp32", "autocast-bf16", "autocast-fp16", "bf16-master")
+
+#: bytes per parameter of weights, gradients and fp32 master weights for each recipe.
+#: Autocast keeps everything fp32 and adds cached low-precision copies of the weights during
+#: the step (2 bytes per weight that a matmul uses: in the activations, not here).
+#: "bf16-master" (Megatron, FSDP's MixedPrecisionPolicy): bf16 weights and gradients, an fp32
+#: master copy the optimizer updates; ``fp32_grads=True`` adds an fp32 gradient accumulation
+#: buffer (20 B with Adam).
+BYTES_PER_PARAMETER = {
+    "fp32": {"weights": 4, "gradients": 4, "master": 0},
+    "autocast-bf16": {"weights": 4, "gradients": 4, "master": 0},
+    "autocast-fp16": {"weights": 4, "gradients": 4, "master": 0},
+    "bf16-master": {"weights": 2, "gradients": 2, "master": 4},
+}
+
+#: fp32 optimizer state per parameter: momentum buffer (SGD with momentum), exp_avg and
+#: exp_avg_sq (Adam, AdamW). Adam also keeps a ``step`` counter per parameter tensor: a 4-byte
+#: fp32 scalar tensor on the CPU; on CUDA it stays on the CPU unless ``capturable`` or
+#: ``fused`` is set, so it costs the GPU nothing.
+OPTIMIZER_STATE_BYTES = {"sgd": 0, "sgd-momentum": 4, "adam": 8, "adamw": 8}
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes of the model states (everything but activations) for ``n`` parameters."""
+
+    weights: int
+    gradients: int
+    master: int
+    optimizer_state: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.master + self.optimizer_state
+
+    def per_parameter(self, n: int) -> float:
+        return self.total / n
+
+
+def model_state_bytes(
+    n_parameters: int,
+    precision: str = "fp32",
+    optimizer: str = "adam",
+    *,
+    fp32_grads: bool = False,
+    n_tensors: int = 0,
+    step_counter_bytes: int = 0,
+) -> ModelStates:
+    """Weights, gradients, master weights and optimizer state for ``n_parameters``.
+
+    ``fp32 + Adam`` is 4 + 4 + 8 = 16 bytes per parameter; ``bf16-master + Adam`` is
+    2 + 2 + 4 + 8 = 16, or 20 with ``fp32_grads`` (an fp32 buffer the bf16 gradients are
+    accumulated into, as the Ultra-Scale Playbook counts; ml-engineering's 18 keeps only the
+    fp32 gradients: 2 + 4 + 4 + 8). Adam's step counters add
+    ``step_counter_bytes`` per tensor (4 on the CPU, 0 on a GPU by default).
+    """
+    if precision not in BYTES_PER_PARAMETER:
+        raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise ValueError(
+            f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}"
+        )
+    per = BYTES_PER_PARAMETER[precision]
+    grads = per["gradients"] + (4 if fp32_grads and per["master"] else 0)
+    state = OPTIMIZER_STATE_BYTES[optimizer] * n_parameters
+    if optimizer in ("adam", "adamw"):
+        state += step_counter_bytes * n_tensors
+    return ModelStates(
+        weights=per["weights"] * n_parameters,
+        gradients=grads * n_parameters,
+        master=per["master"] * n_parameters,
+        optimizer_state=state,
+    )
+
+
+def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
+    """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks."""
+    s, b, h, a = seq, batch, d_model, n_heads
+    return s * b * h * 34 + 5 * a * s * s * b
+
+
+def block_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, element_bytes: int = 4) -> int:
+    """What one ``decoder.Block`` saves for backward, in bytes (fp32: ``element_bytes=4``).
+
+    Derived from the tensors the block's operators save (the notebook lists them), per token:
+
+    - each norm saves its input and its output (the next Linear's input); LayerNorm adds a
+      mean and a 1/std per token, RMSNorm one 1/rms (fp32) and its normalised input: 2h+2
+      or 3h+1;
+    - attention saves the q/k/v projection (h + 2*kv per token); SDPA saves its output (h,
+      which the output projection saves as a view) and a log-sum-exp per head (a, fp32);
+      explicit attention saves the softmax (a*s per token), a proj input copy (h), the
+      (s, s) causal mask (1 byte each, once);
+    - the MLP saves its hidden activations: 2f (GELU: pre and post) or 4f (SwiGLU: gate, up,
+      silu(gate), product).
+
+    For GPT-2's shape in 16-bit this is s*b*h*32 + 2*a*s*b: Korthikanti's 34 without its two
+    dropout masks, and SDPA's log-sum-exp where their s^2 terms were. The log-sum-exp and
+    RMSNorm's 1/rms are fp32 whatever ``element_bytes`` says, and RMSNorm in bf16 saves its
+    input and normalised input upcast to fp32.
+    """
+    if cfg.attention == "explicit" and cfg.kv_heads != cfg.n_heads:
+        raise ValueError(
+            "the formula covers explicit attention with one key/value head per query head "
+            "only; use attention='sdpa' for grouped-query attention"
+        )
+    h, f, a = cfg.d_model, cfg.ff, cfg.n_heads
+    kv = cfg.kv_heads * cfg.head_dim
+    tokens = batch * seq
+    e = element_bytes
+    if cfg.norm == "layer":
+        norm = (2 * h + 2) * e
+    else:
+        norm = (h * (4 if e < 4 else e) * 2 + h * e) + 4  # input and x_hat upcast, output
+    mlp = (4 if cfg.mlp == "swiglu" else 2) * f * e
+    per_token = 2 * norm + (h + 2 * kv) * e + mlp
+    if cfg.attention == "sdpa":
+        per_token += h * e + a * 4
+        return tokens * per_token
+    per_token += h * e  # the output projection's input (a copy: matmul's output is transposed)
+    return tokens * per_token + batch * a * seq * seq * e + seq * seq
