@@ -274,6 +274,20 @@ def test_bf16_autocast_stays_inside_the_gradient_tolerance(task):
 
     result = grade(micro_bf16, task)
     assert result.feedback.passed, str(result.feedback)
+    # ...unless the exercise asks for the full-batch gradients themselves (07's exercise 2)
+    strict = grade(micro_bf16, task, exercise="fp32 only", fp32_gradients=True).feedback
+    assert not strict.passed and "without autocast" in str(strict), str(strict)
+    assert grade(micro, task, exercise="fp32 only", fp32_gradients=True).feedback.passed
+
+
+def test_messages_name_the_step_as_the_learner_called_it(task):
+    def colleague_step(model, optimizer, x, y):  # exercise 3's name for its step
+        raise ValueError("shapes do not match")
+
+    fb = str(grade(colleague_step, task, exercise="named").feedback.explain())
+    assert "your colleague_step raised ValueError" in fb and "your train_step" not in fb, fb
+    anonymous = str(grade(lambda *a: 1 / 0, task, exercise="lambda").feedback.explain())
+    assert "your train_step raised ZeroDivisionError" in anonymous, anonymous
 
 
 def test_a_step_that_changes_the_weights_besides_the_optimizer_is_caught(task):

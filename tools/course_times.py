@@ -197,6 +197,7 @@ FULL_DAY_CUTS = {
     "03_data_parallelism.ipynb": ("3.",),
     "01_moving_tensors.ipynb": ("7.",),  # timing a transfer: reading
     "05_out_of_memory.ipynb": ("5.", "6."),  # snapshots, fragmentation; the clinic: reading
+    "06_mixed_precision_and_cudnn.ipynb": ("5.",),  # the speed table: a GPU's story, reading
 }
 #: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
 SECOND_DAY = ("05a_where_memory_goes.ipynb",)
@@ -241,8 +242,8 @@ SYLLABI: tuple[Syllabus, ...] = (
         510,
         90,
         tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
-        "all but one exercise of each notebook (homework); 01's section 7 and 05's sections 5 "
-        "and 6 (reading); notebook 05a, the formulas and the calculator (homework, or a second "
+        "all but one exercise of each notebook (homework); 01's section 7, 05's sections 5 "
+        "and 6 and 06's section 5, the speed table (reading); notebook 05a, the formulas and the calculator (homework, or a second "
         "day); 03's section 3, multi-node and Slurm (reading, or a demo on `make "
         "cluster`); the scale-out notebook 08 (a second day)",
         slack_min=30,

@@ -7,8 +7,10 @@
    all-reduces; the gradients must equal one backward over the whole per-rank batch.
 2. ``DistributedSampler.set_epoch``: without it, every epoch repeats the first shuffle.
 3. Buffers: DDP sends rank 0's buffers (BatchNorm's running statistics) to every rank at the
-   start of each forward, unless told not to: ``forward_sync_buffers=False`` since PyTorch 2.13,
-   which deprecates the older ``broadcast_buffers=False`` (still the name on older versions).
+   start of each forward, unless told not to. PyTorch 2.13 splits the old switch: the new
+   ``forward_sync_buffers=False`` stops only that runtime sync (rank 0's buffers are still
+   broadcast once when DDP is built, with ``init_sync=True``), while the deprecated
+   ``broadcast_buffers=False`` (a FutureWarning in 2.13, the only name before) stops both.
 4. A checkpoint saved by rank 0 only, a ``barrier()`` so nobody reads a half-written file, then
    loaded on every rank with ``map_location`` (on GPUs, each rank onto its own device).
 5. ``SyncBatchNorm``: BatchNorm statistics over the global batch (every rank's samples), not each
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -134,6 +137,18 @@ def buffers(rank: int, device: torch.device) -> dict:
         bn.momentum = 0.0  # the next batch no longer changes the stats: only a broadcast can
         model(torch.randn(8, 4, generator=g).to(device))
         out[str(flag)] = {"after_first": after_first, "after_second": bn.running_mean.tolist()}
+    # At construction: each rank's own running mean going in, what it holds once DDP is built.
+    out["at_init"] = {}
+    names = (
+        ["forward_sync_buffers", "broadcast_buffers"] if BUFFER_SYNC != "broadcast_buffers" else []
+    )
+    for name in names:
+        bn = nn.BatchNorm1d(4)
+        bn.running_mean.fill_(float(rank))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # broadcast_buffers is deprecated
+            wrap(nn.Sequential(nn.Linear(4, 4), bn), device, **{name: False})
+        out["at_init"][f"{name}=False"] = bn.running_mean[0].item()
     return out
 
 

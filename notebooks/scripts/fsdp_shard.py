@@ -87,7 +87,10 @@ def meta_init(mesh, device: torch.device, reference: nn.Module) -> dict:
     to_empty and fill them from rank 0's full state dict (broadcast shard by shard)."""
     with torch.device("meta"):
         model = build_model()
-    meta_bytes = sum(local_bytes(p) for p in model.parameters() if not p.is_meta)
+    # Bytes with a real address behind them (a meta tensor's storage has data_ptr 0), and the
+    # bytes the shapes describe: all of the model, none of it allocated.
+    meta_bytes = sum(local_bytes(p) for p in model.parameters() if p.untyped_storage().data_ptr())
+    described_bytes = sum(local_bytes(p) for p in model.parameters())
     shard(model, mesh)
     model.to_empty(device=device)  # each rank allocates its shards only, uninitialised
     full_sd = reference.state_dict() if dist.get_rank() == 0 else {}
@@ -100,6 +103,7 @@ def meta_init(mesh, device: torch.device, reference: nn.Module) -> dict:
     )
     return {
         "bytes_before_to_empty": meta_bytes,
+        "described_before_to_empty": described_bytes,
         "bytes_after_to_empty": sum(local_bytes(p) for p in model.parameters()),
         "full_bytes": sum(local_bytes(p) for p in reference.parameters()),
         "max_diff": diff,

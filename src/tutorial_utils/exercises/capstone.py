@@ -381,17 +381,24 @@ def _loss_value(loss: object) -> float | None:
     return finite_number(loss)
 
 
-def grade(train_step: Callable, task: CapstoneTask, exercise: str | None = None) -> Grade:
+def grade(
+    train_step: Callable,
+    task: CapstoneTask,
+    exercise: str | None = None,
+    fp32_gradients: bool = False,
+) -> Grade:
     """Check ``train_step`` against ``task``; see the module docstring.
 
     ``exercise`` names which exercise this is, when a notebook grades several with the same
     grader: each then counts its own attempts, so its first wrong answer gets a hint.
+    ``fp32_gradients=True`` asks for the full-batch gradients themselves: a step whose forward
+    runs under autocast (close to them, not equal) is refused.
     """
     if not isinstance(task, CapstoneTask):
         raise ValueError(f"grade needs a CapstoneTask, not {type(task).__name__}")
     if exercise is not None and not isinstance(exercise, str):
         raise ValueError(f"exercise is the exercise's name, a string, not {exercise!r}")
-    result: dict = {}
+    result: dict = {"fp32_gradients": bool(fp32_gradients)}
     feedback = _grade(train_step, task, result, attempt_key=exercise)
     return Grade(feedback, result.get("peak"), tuple(result.get("losses", ())))
 
@@ -432,6 +439,9 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         f"train_step must be a function, not {type(train_step).__name__}",
         brief="train_step is not a function",
     )
+    # the learner's own name for the step (exercise 3 calls it colleague_step), in every message
+    name = getattr(train_step, "__name__", "")
+    step = f"your {name}" if name.isidentifier() else "your train_step"
     tokens, labels = Given("tokens", task.tokens), Given("labels", task.labels)
     # 1. The gradients of one step, unbudgeted; the references first (with and without autocast).
     want = {None: reference_gradients(task)}
@@ -441,13 +451,20 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     counting.new_call()
     autocast = _Autocast(model, task.device.type)
     try:
-        fb.run("your train_step", train_step, model, counting, tokens, labels)
+        fb.run(step, train_step, model, counting, tokens, labels)
     finally:
         autocast.remove()
     seen = autocast.clear()
+    fb.require(
+        seen is None or not result.get("fp32_gradients"),
+        f"{step} ran its forward under {str(seen).replace('torch.', '')} autocast: its gradients "
+        "are close to the full batch's, not equal, and this exercise asks for the full-batch "
+        "gradients; fit the budget without autocast",
+        brief="this exercise asks for fp32 gradients, without autocast",
+    )
     if seen not in want:
         want[seen] = reference_gradients(task, seen)
-    _same_parameters(fb, model, shapes, "your train_step")
+    _same_parameters(fb, model, shapes, step)
     fb.expect(
         counting.steps == 1,
         f"call optimizer.step() exactly once per train_step (it was called {counting.steps} times)",
@@ -478,7 +495,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
                 calls.append(_Call([_host(p) for p in model.parameters()]))
                 counting.new_call()
                 loss = fb.run(
-                    f"your train_step (step {i + 1})",
+                    f"{step} (step {i + 1})",
                     train_step,
                     model,
                     counting,
@@ -538,7 +555,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
         f"{format_bytes(task.budget_bytes)}",
         brief="the peak is over the budget",
     )
-    _same_parameters(fb, model, shapes, "your train_step")
+    _same_parameters(fb, model, shapes, step)
     _check_every_call(fb, task, calls, counting.calls)
     # 3. Still learning.
     fb.expect(
