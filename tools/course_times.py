@@ -243,9 +243,9 @@ SYLLABI: tuple[Syllabus, ...] = (
         90,
         tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
         "all but one exercise of each notebook (homework); 01's section 7, 05's sections 5 "
-        "and 6 and 06's section 5, the speed table (reading); notebook 05a, the formulas and the calculator (homework, or a second "
-        "day); 03's section 3, multi-node and Slurm (reading, or a demo on `make "
-        "cluster`); the scale-out notebook 08 (a second day)",
+        "and 6 and 06's section 5, the speed table (reading); notebook 05a, the formulas and "
+        "the calculator (homework, or a second day); 03's section 3, multi-node and Slurm "
+        "(reading, or a demo on `make cluster`); the scale-out notebook 08 (a second day)",
         slack_min=30,
     ),
 )
