@@ -129,3 +129,10 @@ def test_presets_build_on_meta_without_memory():
         with torch.device("meta"):
             model = Decoder(cfg, n_layers=1)
         assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize("args", [["llama-8b", "--batch", "-3"], ["gpt2-124m", "--n-gpus", "0"]])
+def test_the_command_line_says_what_is_wrong_in_one_sentence(args, capsys):
+    assert fit.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fit: ") and err.count("\n") == 1 and "Traceback" not in err

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -404,10 +405,14 @@ def text_form(**knobs) -> str:
     return repr(will_it_fit(**knobs))
 
 
-if __name__ == "__main__":  # pragma: no cover (a thin command line over will_it_fit)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tutorial_utils.fit PRESET [--batch ...]``: the text form, or one sentence
+    saying what is wrong with the arguments (exit status 2)."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Will it fit? One GPU's training memory.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_utils.fit", description="Will it fit? One GPU's training memory."
+    )
     parser.add_argument("preset", choices=sorted(PRESETS))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=2048)
@@ -416,16 +421,16 @@ if __name__ == "__main__":  # pragma: no cover (a thin command line over will_it
     parser.add_argument("--checkpointing", choices=CHECKPOINTING, default="none")
     parser.add_argument("--sharding", choices=SHARDING, default="none")
     parser.add_argument("--n-gpus", type=int, default=1)
-    a = parser.parse_args()
-    print(
-        text_form(
-            preset=a.preset,
-            batch=a.batch,
-            seq=a.seq,
-            precision=a.precision,
-            optimizer=a.optimizer,
-            checkpointing=a.checkpointing,
-            sharding=a.sharding,
-            n_gpus=a.n_gpus,
-        )
-    )
+    a = parser.parse_args(argv)
+    knobs = {k: getattr(a, k) for k in ("preset", "batch", "seq", "precision", "optimizer")}
+    knobs |= {"checkpointing": a.checkpointing, "sharding": a.sharding, "n_gpus": a.n_gpus}
+    try:
+        print(text_form(**knobs))
+    except ValueError as exc:
+        print(f"fit: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
