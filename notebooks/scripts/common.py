@@ -20,18 +20,25 @@ import torch.distributed as dist
 def setup() -> tuple[int, int, torch.device]:
     """Join the process group; return (rank, world size, this process's device).
 
-    NCCL when there is one GPU per local process (the fast GPU backend), gloo otherwise (CPU).
+    The device comes from the accelerator, as notebooks 01 and 02 teach, and the backend from
+    the device (NCCL for CUDA). With fewer accelerators than processes on this machine, or one
+    whose only backend is gloo (Apple's MPS: gloo moves CPU tensors only), every rank runs on
+    the CPU with gloo.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
-        torch.cuda.set_device(local_rank)  # before init: NCCL uses the current device
-        device = torch.device("cuda", local_rank)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size(), device
+    accelerator = torch.accelerator.current_accelerator(check_available=True)
+    if accelerator is not None and torch.accelerator.device_count() >= local_world:
+        device = torch.device(accelerator.type, local_rank)
+        backend = dist.get_default_backend_for_device(device)
+        if backend != "gloo":
+            # The one place to set the current device, which notebook 02 advises against:
+            # NCCL runs its collectives on it, so each rank sets its own before joining.
+            torch.accelerator.set_device_index(local_rank)
+            dist.init_process_group(backend, device_id=device)
+            return dist.get_rank(), dist.get_world_size(), device
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
 
 
 def teardown() -> NoReturn:
