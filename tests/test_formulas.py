@@ -7,22 +7,7 @@ import torch
 
 from tutorial_utils import formulas, models
 from tutorial_utils.decoder import PRESETS, Decoder, DecoderConfig
-
-
-def _saved_bytes(module, x) -> int:
-    """Bytes of the distinct storages the block saves for backward, its weights left out."""
-    params = {p.untyped_storage()._cdata for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s._cdata not in params:
-            seen.setdefault(s._cdata, s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(seen.values())
+from tutorial_utils.exercises.predict import saved_bytes
 
 
 @pytest.mark.parametrize(
@@ -82,7 +67,7 @@ def test_block_activation_formula_is_exact(shape, dtype, b, s):
     block = Decoder(cfg).blocks[0].to(dtype)
     x = torch.randn(b, s, 32, dtype=dtype, requires_grad=True)
     e = torch.finfo(dtype).bits // 8
-    assert _saved_bytes(block, x) == formulas.block_activation_bytes(cfg, b, s, e)
+    assert saved_bytes(block, x) == formulas.block_activation_bytes(cfg, b, s, e)
 
 
 def test_explicit_grouped_query_attention_is_refused():
