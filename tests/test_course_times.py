@@ -169,6 +169,7 @@ def test_write_then_check_on_a_copy(tmp_path, monkeypatch):
     (tmp_path / "notebooks").mkdir()
     for path in NOTEBOOKS:
         shutil.copy(path, tmp_path / "notebooks" / path.name)
+    shutil.copytree(ROOT / "notebooks" / "scripts", tmp_path / "notebooks" / "scripts")
     first = json.loads((tmp_path / "notebooks" / NOTEBOOKS[0].name).read_text())
     first["cells"][0]["source"] = [
         re.sub(r"(\*\*Time:\*\* about )\d+", r"\g<1>1", line)

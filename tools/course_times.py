@@ -10,6 +10,9 @@ The formula (the same words are written into docs/times.md):
   prose read carefully, not skimmed);
 * **code**: the non-blank lines of the code cells a learner runs, at ``CODE_LINES_PER_MIN``
   lines a minute (read, understood, not typed);
+* **shown scripts**: the non-blank lines of the script files a code cell displays
+  (``IPython.display.Code(filename=...)`` or ``tutorial_utils.listing.show(path, *names)``, which
+  shows only the named functions), read at the same rate as code;
 * **running**: ``MIN_PER_CELL`` minutes per code cell (run it, wait, look at the output);
 * **exercises**: ``MIN_PER_EXERCISE`` minutes per exercise (try, run the checker, read the hint,
   try again); its collapsed solution cells count here, not as code to read;
@@ -30,6 +33,7 @@ after a ``--write`` that changed them (``--write`` says so).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import re
@@ -68,6 +72,7 @@ class Section:
     heading: str
     words: int = 0
     code_lines: int = 0
+    shown_lines: int = 0  # lines of scripts a code cell displays (Code(filename=...), listing.show)
     cells: int = 0
     exercise_ids: set[str] = field(default_factory=set)  # "Exercise 2" mentioned twice: one
     tasks: int = 0
@@ -81,7 +86,7 @@ class Section:
         """Unrounded minutes for this section, by the formula."""
         return (
             self.words / WORDS_PER_MIN
-            + self.code_lines / CODE_LINES_PER_MIN
+            + (self.code_lines + self.shown_lines) / CODE_LINES_PER_MIN
             + self.cells * MIN_PER_CELL
             + self.exercises * MIN_PER_EXERCISE
             + self.tasks * MIN_PER_TASK
@@ -125,6 +130,45 @@ def _hidden(cell: dict) -> bool:
     return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
 
 
+def _nonblank(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def shown_lines(code: str, where: Path) -> int:
+    """Non-blank lines of the scripts that this code cell displays, read by the learner.
+
+    Counts ``Code(filename="...")`` and ``show("path", "name", ...)`` / ``listing.show(...)``
+    calls whose arguments are literal strings; paths are relative to ``where`` (the notebook's
+    folder, where its cells run). ``listing.excerpt`` computes what ``show`` displays, so the
+    count is the displayed text, header line included.
+    """
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        from tutorial_utils.listing import excerpt
+    finally:
+        sys.path.pop(0)
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return 0  # a cell with magics: it shows no script through these calls
+    total = 0
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        literal = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        if name == "Code":
+            kw = {k.arg: k.value for k in node.keywords}
+            target = kw.get("filename")
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                total += _nonblank(excerpt(target.value, root=where))
+        elif name == "show" and literal and all(isinstance(v, str) for v in literal):
+            if len(literal) == len(node.args) and (where / literal[0]).is_file():
+                total += _nonblank(excerpt(literal[0], *literal[1:], root=where))
+    return total
+
+
 def estimate(path: Path) -> Estimate:
     """Count words, code lines, cells and exercises per section of one notebook."""
     try:
@@ -151,7 +195,8 @@ def estimate(path: Path) -> Estimate:
                 continue
             section = result.sections[-1]
             section.cells += 1
-            section.code_lines += sum(1 for line in text.splitlines() if line.strip())
+            section.code_lines += _nonblank(text)
+            section.shown_lines += shown_lines(text, path.parent)
     return result
 
 
@@ -194,10 +239,11 @@ SCALE_OUT = ("08_sharding.ipynb",)
 FULL_DAY_CUTS = {
     # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
     # a terminal: reading, or a demo from the instructor's screen
-    "03_data_parallelism.ipynb": ("3.",),
+    "03_data_parallelism.ipynb": ("3.", "4."),  # FSDP2 is 08's subject; 03 §4 is reading here
     "01_moving_tensors.ipynb": ("7.",),  # timing a transfer: reading
     "05_out_of_memory.ipynb": ("5.", "6."),  # snapshots, fragmentation; the clinic: reading
     "06_mixed_precision_and_cudnn.ipynb": ("5.",),  # the speed table: a GPU's story, reading
+    "04_model_parallelism.ipynb": ("4.",),  # the pipelining API on 2 processes: a demo
 }
 #: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
 SECOND_DAY = ("05a_where_memory_goes.ipynb",)
@@ -353,6 +399,9 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
         "(technical prose read with care).",
         f"- **Code**: the non-blank lines of the code cells a learner runs, at "
         f"{CODE_LINES_PER_MIN} lines a minute (read and understood, not typed).",
+        "- **Shown scripts**: the non-blank lines of the scripts a code cell displays "
+        "(`Code(filename=...)`, or `tutorial_utils.listing.show(path, *names)` for the named "
+        "functions only), read at the same rate as code.",
         f"- **Running**: {MIN_PER_CELL:g} minutes per code cell (run it, wait, look at the "
         "output).",
         f"- **Exercises**: {MIN_PER_EXERCISE} minutes per exercise (try, run the checker, read "
@@ -367,19 +416,22 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
         "",
         "## Inputs and estimate per notebook",
         "",
-        "| notebook | words | code lines | code cells | exercises | tasks | minutes |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| notebook | words | code lines | script lines shown | code cells | exercises | tasks "
+        "| minutes |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, est in ests.items():
         lines.append(
             f"| `{name}` | {est.total('words')} | {est.total('code_lines')} | "
-            f"{est.total('cells')} | {est.total('exercises')} | {est.total('tasks')} | "
+            f"{est.total('shown_lines')} | {est.total('cells')} | {est.total('exercises')} | "
+            f"{est.total('tasks')} | "
             f"{est.minutes} |"
         )
     total = sum(e.minutes for e in ests.values())
     lines += [
         f"| **all** | {sum(e.total('words') for e in ests.values())} | "
         f"{sum(e.total('code_lines') for e in ests.values())} | "
+        f"{sum(e.total('shown_lines') for e in ests.values())} | "
         f"{sum(e.total('cells') for e in ests.values())} | "
         f"{sum(e.total('exercises') for e in ests.values())} | "
         f"{sum(e.total('tasks') for e in ests.values())} | **{total}** "
