@@ -133,9 +133,24 @@ def test_committed_with_cpu_outputs(path):
             assert not re.search(r"/(root|work|home)/[\w.-]+", text), (
                 f"cell {i} output holds a path of this machine"
             )
-            assert not re.search(r"cuda:\d", text) or "NBVAL_IGNORE_OUTPUT" in source(cell), (
+            assert not re.search(r"cuda:\d", text) or "nbval-ignore-output" in tags, (
                 f"cell {i} output names a CUDA device: the references must come from a CPU run"
             )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_nbval_markers_are_tags_not_comments_the_learner_reads(path):
+    """nbval reads cell tags as it reads ``# NBVAL_...`` comments; only the tags are quiet."""
+    for i, cell in enumerate(cells(path)):
+        found = re.findall(r"(?m)^\s*#\s*(NBVAL_[A-Z_]+)", source(cell))
+        assert not found, (
+            f"cell {i} starts a line with # {found[0]}: tag the cell instead "
+            "(nbval-ignore-output or raises-exception)"
+        )
+        tags = cell.get("metadata", {}).get("tags", [])
+        assert "nbval-skip" not in tags, (
+            f"cell {i} is tagged nbval-skip: guard a GPU-only cell so that it runs on a CPU"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
