@@ -136,3 +136,23 @@ def test_the_command_line_says_what_is_wrong_in_one_sentence(args, capsys):
     assert fit.main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("fit: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input():
+    import doctest
+
+    states = {"weights": 80, "gradients": 80, "master weights": 160, "optimizer state": 320}
+    assert fit.shard_model_states(states, "none", 1) == states
+    assert fit.shard_model_states(states, "zero1", 4) == {
+        "weights": 80,
+        "gradients": 80,
+        "master weights": 40,
+        "optimizer state": 80,
+    }
+    assert fit.shard_model_states(states, "zero3", 4) == {k: v // 4 for k, v in states.items()}
+    with pytest.raises(ValueError, match="sharding must be one of"):
+        fit.shard_model_states(states, "zero4", 2)
+    with pytest.raises(ValueError, match="n_gpus must be a whole number"):
+        fit.shard_model_states(states, "zero1", 0)
+    result = doctest.testmod(fit)
+    assert result.attempted >= 1 and result.failed == 0

@@ -194,3 +194,36 @@ def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
         for name in ("find_unused_parameters=True", "static_graph=True"):
             assert u[name]["steps"] == 3 and u[name]["first_grad_gap"] < 1e-6, name
             assert u[name]["unused_parameter_size"] == 1088, name
+
+
+@pytest.mark.slow
+def test_the_calculators_zero_division_matches_what_each_rank_holds(zero):
+    """fit.shard_model_states against 08's per-rank bytes, every difference named and sized."""
+    from tutorial_utils.fit import shard_model_states
+
+    counters = 4 * TENSORS  # Adam's 0-d step counters: on every rank, not sharded
+    whole = {"weights": 4 * PSI, "gradients": 4 * PSI, "optimizer state": 8 * PSI}
+    for rank in (0, 1):
+        z1, z2, z3 = (zero[rank][s] for s in ("ZeRO-1", "ZeRO-2", "ZeRO-3"))
+        # ZeRO-3 (FSDP2's default): exactly the division, every category
+        want = shard_model_states(whole, "zero3", 2)
+        assert z3["params_at_rest"] == want["weights"]
+        assert z3["grads"] == want["gradients"]
+        assert z3["optimizer_state"] - counters == want["optimizer state"]
+        # ZeRO-2: gradients and state divided; the full weights the step needs are the
+        # calculator's weights; FSDP2 keeps its shard beside them (the named difference)
+        want = shard_model_states(whole, "zero2", 2)
+        assert z2["grads"] == want["gradients"]
+        assert z2["optimizer_state"] - counters == want["optimizer state"]
+        assert z2["gathered_between_fwd_bwd"] == want["weights"] == 4 * PSI
+        assert z2["params_at_rest"] == 4 * PSI // 2
+        # ZeRO-1: weights and gradients whole; the state is split by whole parameters, so each
+        # rank's part is 8 bytes per element it owns, not exactly half
+        want = shard_model_states(whole, "zero1", 2)
+        assert (z1["params_at_rest"], z1["grads"]) == (want["weights"], want["gradients"])
+        assert z1["optimizer_state"] - 4 * z1["owned_tensors"] == 8 * z1["owned_numel"]
+    owned = [zero[r]["ZeRO-1"]["owned_numel"] for r in (0, 1)]
+    assert sum(owned) == PSI  # on average the division is right ...
+    # ... and the fuller rank (two 256 x 256 weights) owns 32,384 elements more than half:
+    # 259,072 bytes of Adam state above the even split
+    assert max(owned) - PSI // 2 == 32384

@@ -21,7 +21,13 @@ How the exact numbers are made (no weights are ever allocated):
 - **Sharding** over ``n_gpus`` divides the exact numbers as each ZeRO stage says: ZeRO-1 the
   optimizer state and fp32 master weights, ZeRO-2 also the gradients, ZeRO-3 / FSDP also the
   weights, plus one block's weights and gradients gathered in full while it runs. Activations
-  are not sharded (each GPU runs its own micro-batch).
+  are not sharded (each GPU runs its own micro-batch). ``shard_model_states`` is that division;
+  ``tests/test_sharding_scripts.py`` checks it against what each of 2 ranks holds in notebook
+  08's ``zero_stages.py``, and names the two places where PyTorch's implementations part from
+  the even split: ``ZeroRedundancyOptimizer`` (ZeRO-1) gives each rank whole parameters, so its
+  state is uneven; FSDP2 without resharding (ZeRO-2-like) keeps each rank's shard of the
+  weights beside the full copy it gathered for the step. Adam's 0-d ``step`` counters (4 bytes
+  per tensor) are on every rank, not sharded.
 
 The total is the sum of the categories: an upper bound of the real peak, since a step's
 gradients appear as its activations are freed (the sum is what the Playbook's widget shows
@@ -52,8 +58,10 @@ __all__ = [
     "GPUS",
     "OPTIMIZERS",
     "PRECISIONS",
+    "SHARDED_BY_STAGE",
     "SHARDING",
     "FitReport",
+    "shard_model_states",
     "text_form",
     "will_it_fit",
 ]
@@ -325,6 +333,31 @@ def _formula_total(
     return int(weights + grads + master + state + acts + logits + copies)
 
 
+#: What each ZeRO stage divides by the number of GPUs (Rajbhandari et al., 2020).
+SHARDED_BY_STAGE: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "zero1": ("master weights", "optimizer state"),
+    "zero2": ("master weights", "optimizer state", "gradients"),
+    "zero3": ("master weights", "optimizer state", "gradients", "weights"),
+}
+
+
+def shard_model_states(states: dict[str, int], sharding: str, n_gpus: int) -> dict[str, int]:
+    """One GPU's share of the model states: the categories ``sharding`` divides, over ``n_gpus``.
+
+    ``states`` holds the unsharded bytes by category (``weights``, ``gradients``, ``master
+    weights``, ``optimizer state``); the others pass through whole.
+
+    >>> shard_model_states({"weights": 8, "gradients": 8, "optimizer state": 16}, "zero2", 2)
+    {'weights': 8, 'gradients': 4, 'optimizer state': 8}
+    """
+    _check("sharding", sharding, SHARDING)
+    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a whole number >= 1, not {n_gpus!r}")
+    divided = SHARDED_BY_STAGE[sharding]
+    return {k: v // n_gpus if k in divided else v for k, v in states.items()}
+
+
 def will_it_fit(
     preset: str | DecoderConfig = "llama-1b",
     batch: int = 1,
@@ -362,13 +395,20 @@ def will_it_fit(
     per = formulas.BYTES_PER_PARAMETER[precision]
     weights, grads, master = (per["weights"] * n, per["gradients"] * n, per["master"] * n)
     state = formulas.OPTIMIZER_STATE_BYTES["adam" if optimizer == "adamw" else optimizer] * n
+    sharded = shard_model_states(
+        {
+            "weights": weights,
+            "gradients": grads,
+            "master weights": master,
+            "optimizer state": state,
+        },
+        sharding,
+        n_gpus,
+    )
+    weights, grads = sharded["weights"], sharded["gradients"]
+    master, state = sharded["master weights"], sharded["optimizer state"]
     gathered = 0
-    if sharding in ("zero1", "zero2", "zero3"):
-        master, state = master // n_gpus, state // n_gpus
-    if sharding in ("zero2", "zero3"):
-        grads = grads // n_gpus
     if sharding == "zero3":
-        weights = weights // n_gpus
         gathered = (per["weights"] + per["gradients"]) * block_n  # one block unsharded
     block_held, block_over, head_held, head_over = _activations(
         cfg, batch, seq, precision, checkpointing
