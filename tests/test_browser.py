@@ -1,10 +1,14 @@
-"""A real browser: JupyterLab + headless Chromium run a notebook with a LiveGauge and see it move.
+"""A real browser: JupyterLab + headless Chromium run the course's widgets and see them move.
 
-Starts ``jupyter lab`` on 127.0.0.1 with a token in a temporary root holding
-``tests/browser/gauge_demo.py`` (converted to a notebook with jupytext), drives Debian's
-Chromium (``/usr/bin/chromium``) through Playwright -- no browser download -- runs all cells
-from the Run menu, reads the gauge's bars and numbers twice and asserts they changed, saves a
-screenshot to ``artifacts/browser_gauge.png`` and stops every process it started.
+Two notebooks: a LiveGauge (its bars and numbers must change while a cell allocates), and the
+"will it fit" calculator (moving its batch slider with the keyboard must redraw the bar and the
+verdict).
+
+Each starts ``jupyter lab`` on 127.0.0.1 with a token in a temporary root holding one of
+``tests/browser/*.py`` (converted to a notebook with jupytext), drives Debian's Chromium
+(``/usr/bin/chromium``) through Playwright -- no browser download -- runs all cells from the
+Run menu, reads the page, saves a screenshot to ``artifacts/browser_*.png`` and stops every
+process it started.
 
 Without Chromium the test is skipped, unless ``CI`` is set: then it fails, so a CI machine
 cannot silently lose the check (``scripts/ensure_chromium.sh`` installs it).
@@ -12,6 +16,7 @@ cannot silently lose the check (``scripts/ensure_chromium.sh`` installs it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -28,6 +33,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_SOURCE = ROOT / "tests" / "browser" / "gauge_demo.py"
+CALCULATOR_SOURCE = ROOT / "tests" / "browser" / "calculator_demo.py"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -134,20 +140,27 @@ def _read_gauge(page) -> dict:
     )
 
 
-def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
+@contextlib.contextmanager
+def _lab_page(source: Path, tmp_path: Path, shot_name: str):
+    """JupyterLab on 127.0.0.1 serving ``source`` as a notebook, open in Chromium, all cells run.
+
+    Yields the Playwright page; on an error saves ``artifacts/<shot_name>_failed.png``; at the end
+    stops the server and checks that no process it started is left.
+    """
     import jupytext
     import nbformat
     from playwright.sync_api import sync_playwright
 
     root = tmp_path / "root"
     root.mkdir()
-    nb = jupytext.read(NOTEBOOK_SOURCE)
+    nb = jupytext.read(source)
     nb.metadata["kernelspec"] = {
         "name": "python3",
         "display_name": "Python 3 (ipykernel)",
         "language": "python",
     }
-    nbformat.write(nb, root / "gauge_demo.ipynb")
+    name = source.stem + ".ipynb"
+    nbformat.write(nb, root / name)
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(
@@ -160,6 +173,7 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
         JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
         JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        MPLBACKEND="module://matplotlib_inline.backend_inline",
     )
     log = tmp_path / "lab.log"
     cmd = [
@@ -196,7 +210,7 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
             )
             try:
                 page = browser.pages[0] if browser.pages else browser.new_page()
-                page.goto(f"{base}/lab/tree/gauge_demo.ipynb?token={token}", timeout=120_000)
+                page.goto(f"{base}/lab/tree/{name}?token={token}", timeout=120_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
                 page.wait_for_selector(
                     ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
@@ -210,20 +224,10 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
                     no_news.first.click()
                 page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
                 page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-
-                page.wait_for_selector(".tu-gauge-used", state="attached", timeout=120_000)
-                page.wait_for_function(
-                    "() => (document.querySelector('.tu-gauge-header') || {})"
-                    ".textContent.includes('running')",
-                    timeout=60_000,
-                )
-                time.sleep(1.0)
-                first = _read_gauge(page)
-                time.sleep(2.5)  # 25 samples, about 12 redraws
-                second = _read_gauge(page)
-                page.screenshot(path=str(shot_dir / "browser_gauge.png"), full_page=True)
+                yield page
+                page.screenshot(path=str(shot_dir / f"{shot_name}.png"), full_page=True)
             except Exception:
-                page.screenshot(path=str(shot_dir / "browser_gauge_failed.png"), full_page=True)
+                page.screenshot(path=str(shot_dir / f"{shot_name}_failed.png"), full_page=True)
                 raise
             finally:
                 browser.close()
@@ -234,8 +238,62 @@ def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
     alive = [p for p in started if p.is_running() and p.status() != "zombie"]
     assert not alive, f"processes left running: {alive}"
 
+
+def test_gauge_moves_in_jupyterlab(browser_ready, tmp_path):
+    with _lab_page(NOTEBOOK_SOURCE, tmp_path, "browser_gauge") as page:
+        page.wait_for_selector(".tu-gauge-used", state="attached", timeout=120_000)
+        page.wait_for_function(
+            "() => (document.querySelector('.tu-gauge-header') || {})"
+            ".textContent.includes('running')",
+            timeout=60_000,
+        )
+        time.sleep(1.0)
+        first = _read_gauge(page)
+        time.sleep(2.5)  # 25 samples, about 12 redraws
+        second = _read_gauge(page)
+
     assert "LiveGauge" in first["header"] and "running" in first["header"], first
     assert first["widths"] and len(first["widths"]) == len(second["widths"]), (first, second)
     assert any("used" in t for t in first["texts"]), first["texts"]
     assert first["widths"] != second["widths"], f"the bars did not move: {first} then {second}"
     assert first["texts"] != second["texts"], f"the numbers did not change: {first} then {second}"
+
+
+def _read_calculator(page) -> dict:
+    return page.evaluate(
+        """() => ({
+            summary: (document.querySelector('.tu-fit-summary') || {}).textContent || '',
+            image: (document.querySelector('.tu-fit-picture img') || {}).src || '',
+            batch: [...document.querySelectorAll('.widget-slider')]
+                .filter(e => e.textContent.includes('batch'))
+                .map(e => (e.querySelector('.widget-readout') || {}).textContent)[0],
+        })"""
+    )
+
+
+def test_calculator_bar_redraws_when_the_batch_slider_moves(browser_ready, tmp_path):
+    with _lab_page(CALCULATOR_SOURCE, tmp_path, "browser_calculator") as page:
+        page.wait_for_selector(".tu-fit-picture img", timeout=120_000)
+        first = _read_calculator(page)
+        handle = page.locator(".widget-slider", has_text="batch").locator(".noUi-handle").first
+        handle.focus()
+        for _ in range(7):  # the keyboard moves a noUiSlider handle one step per press
+            handle.press("ArrowRight")
+        page.wait_for_function(
+            "(before) => { const img = document.querySelector('.tu-fit-picture img');"
+            " return img && img.src !== before; }",
+            arg=first["image"],
+            timeout=60_000,
+        )
+        page.wait_for_function(
+            "(before) => (document.querySelector('.tu-fit-summary') || {}).textContent !== before",
+            arg=first["summary"],
+            timeout=60_000,
+        )
+        second = _read_calculator(page)
+
+    assert "per GPU exact" in first["summary"] and "fits on" in first["summary"], first
+    assert first["image"].startswith("data:image/png"), first["image"][:40]
+    assert (first["batch"], second["batch"]) == ("1", "8"), (first["batch"], second["batch"])
+    assert second["image"] != first["image"], "the bar did not redraw"
+    assert second["summary"] != first["summary"], (first["summary"], second["summary"])

@@ -156,3 +156,26 @@ def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input()
         fit.shard_model_states(states, "zero1", 0)
     result = doctest.testmod(fit)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_the_picture_ends_near_the_bar_and_merges_gpus_of_one_size():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    small = fit.will_it_fit("gpt2-124m", batch=1, seq=512, precision="bf16-master")
+    ax = small.plot()
+    t4 = fit.GPUS["T4 (15 GiB)"] / fit.GiB
+    assert ax.get_xlim() == pytest.approx((0, 1.08 * t4))  # the first GPU that holds it
+    labels = [t.get_text() for t in ax.texts]
+    assert labels == ["T4 (15 GiB)"]
+    plt.close(ax.figure)
+
+    huge = fit.will_it_fit("llama-70b", batch=1, seq=2048, precision="bf16-master")
+    ax = huge.plot()
+    biggest = max(huge.total, huge.formula_total) / fit.GiB
+    assert not huge.fits_on and ax.get_xlim()[1] == pytest.approx(1.15 * biggest)
+    labels = [t.get_text() for t in ax.texts]
+    assert "A100 80GB / H100 80GB" in labels and len(labels) == len(set(fit.GPUS.values()))
+    plt.close(ax.figure)

@@ -144,7 +144,12 @@ class FitReport:
         return "\n".join(lines)
 
     def plot(self, ax=None):
-        """One stacked bar of the categories, with a line at each GPU's capacity."""
+        """One stacked bar of the categories, with a line at each GPU's capacity.
+
+        The axis ends a little past the bigger bar or at the first GPU that holds it, so a
+        small model's bar is not a sliver beside a 141 GB line; GPUs of the same capacity share
+        one line.
+        """
         import matplotlib.pyplot as plt
 
         if ax is None:
@@ -156,9 +161,18 @@ class FitReport:
                 ax.barh(0, gib, left=left, label=name)
                 left += gib
         ax.barh(1, self.formula_total / GiB, color="0.6", label="formula total")
-        for i, (name, capacity) in enumerate(GPUS.items()):
-            ax.axvline(capacity / GiB, color="k", ls=(0, (2, 2)), lw=0.8)
-            ax.text(capacity / GiB, 1.45 - 0.18 * (i % 2), name, fontsize=7, ha="center")
+        biggest = max(self.total, self.formula_total) / GiB
+        lines: dict[float, list[str]] = {}
+        for name, capacity in GPUS.items():
+            lines.setdefault(capacity / GiB, []).append(name)
+        holding = [c for c in lines if c >= biggest]
+        xmax = max(1.15 * biggest, 1.08 * min(holding)) if holding else 1.15 * biggest
+        shown = [c for c in sorted(lines) if c <= xmax]
+        for i, capacity in enumerate(shown):
+            ax.axvline(capacity, color="k", ls=(0, (2, 2)), lw=0.8)
+            label = " / ".join(lines[capacity])
+            ax.text(capacity, 1.45 - 0.18 * (i % 2), label, fontsize=7, ha="center")
+        ax.set_xlim(0, xmax)
         ax.set_yticks([0, 1], ["exact", "formula"])
         ax.set_ylim(-0.5, 1.7)
         ax.set_xlabel("GiB on one GPU")
