@@ -18,6 +18,8 @@ Each module has one job:
 * ``formulas``: training memory by formula: parameters, bytes per parameter, activations
 * ``fit``: the "will it fit" calculator: one GPU's training memory for a decoder preset
 * ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
+* ``calculator``: that calculator as a widget (a knob per input, the bar redrawn per change)
+* ``listing``: the named functions of a script, shown instead of the whole file
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
 * ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 03
 * ``published``: GPU figures published by others, quoted with source, hardware and date
