@@ -236,7 +236,10 @@ def check_largest_batch(
     if start <= fits:
         raise ValueError(f"check_largest_batch: start ({start}) must be above fits ({fits})")
     fb = Feedback("largest_fitting_batch finds the largest batch that fits under the budget")
-    fb.hint("what does an exception keep alive while you are still inside its except block?")
+    fb.hint(
+        "when it tries a size that fits, is any earlier failed attempt still alive? Where is "
+        "that call made?"
+    )
     fb.fix(
         "catch the error without retrying inside the except block: set a flag there (or just "
         "let the block end), then halve the batch and try again after it"
