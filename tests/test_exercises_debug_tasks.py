@@ -254,7 +254,7 @@ def test_build_that_leaks_the_default_device_is_caught_and_repaired():
 
 
 # -----------------------------------------------------------------------------
-# 05, exercise 3: largest_fitting_batch(try_step, batch_size)
+# 05, exercise 2: largest_fitting_batch(try_step, batch_size)
 
 
 def largest_reference(try_step, batch_size):
