@@ -34,7 +34,7 @@ import torch
 from tutorial_utils import devices
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-GUARDED = ("00", "01", "02", "03", "04", "06", "07")
+GUARDED = ("00", "01", "02", "03", "04", "05", "05a", "06", "07")
 HARDWARE = re.compile(
     r"caps\.|devices\.|stand_ins|meta|cuda|gpu|cudnn|mps|accelerator|tf32", re.IGNORECASE
 )

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
 import torch
 from torch import nn
 
@@ -133,3 +139,87 @@ def test_training_state_bytes_accepts_adams_step_counters() -> None:
     with_steps = ex.check_training_state_bytes(model, 16 * _n(model) + 4 * n_tensors)
     with_steps.assert_passed()
     assert not ex.check_training_state_bytes(model, 16 * _n(model) + 4 * n_tensors + 4).passed
+
+
+# -----------------------------------------------------------------------------
+# The notebooks do not give exercise answers away (issue 20 §5 and §6)
+
+_NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _cells(name: str) -> list[dict]:
+    return json.loads((_NOTEBOOKS / name).read_text(encoding="utf-8"))["cells"]
+
+
+def _halving_retries(source: str) -> list[str]:
+    """Functions in ``source`` that catch torch.OutOfMemoryError and halve a batch size."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        catches = any(
+            isinstance(h, ast.ExceptHandler) and "OutOfMemoryError" in ast.unparse(h.type or h)
+            for h in ast.walk(node)
+        )
+        halves = any(
+            isinstance(n, (ast.AugAssign, ast.BinOp))
+            and isinstance(n.op, ast.FloorDiv)
+            and ast.unparse(n.value if isinstance(n, ast.AugAssign) else n.right) == "2"
+            for n in ast.walk(node)
+        )
+        if catches and halves:
+            found.append(node.name)
+    return found
+
+
+def test_05_teaches_no_retry_loop_that_exercise_2_asks_for():
+    """Exercise 2 (a retry that halves the batch) must take thought: no cell above it shows the
+    finished pattern (until issue 20, section 3's ``largest_batch_that_fits`` did)."""
+    cells = _cells("05_out_of_memory.ipynb")
+    end = next(
+        i
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "markdown" and "## Exercises" in "".join(c["source"])
+    )
+    shown = [
+        name
+        for c in cells[:end]
+        if c["cell_type"] == "code" and not "".join(c["source"]).startswith("# Colab only")
+        for name in _halving_retries("".join(c["source"]))
+    ]
+    assert not shown, f"cells above the exercises show exercise 2's answer: {shown}"
+
+
+def test_the_rule_finds_a_halving_retry():
+    old_cell = (
+        "def largest_batch_that_fits(batch_size):\n"
+        "    while batch_size >= 1:\n"
+        "        try:\n"
+        "            train(batch_size)\n"
+        "            return batch_size\n"
+        "        except torch.OutOfMemoryError:\n"
+        "            pass\n"
+        "        batch_size //= 2\n"
+    )
+    assert _halving_retries(old_cell) == ["largest_batch_that_fits"]
+    assert (
+        _halving_retries("def f():\n    try:\n        g()\n    except KeyError:\n        n //= 2\n")
+        == []
+    )
+
+
+@pytest.mark.parametrize("name", ["05_out_of_memory.ipynb", "05a_where_memory_goes.ipynb"])
+def test_a_collapsed_solution_shows_no_answer_in_its_first_line(name):
+    """JupyterLab shows a collapsed cell's first line: it names the exercise, nothing more."""
+    firsts = [
+        "".join(c["source"]).splitlines()[0]
+        for c in _cells(name)
+        if c["cell_type"] == "code" and c["metadata"].get("jupyter", {}).get("source_hidden")
+    ]
+    assert firsts, f"{name} has no collapsed solution"
+    bad = [
+        f
+        for f in firsts
+        if not re.fullmatch(r"# Exercise \d+(: a solution \(expand to read\))?", f)
+    ]
+    assert not bad, f"first lines that say more than which exercise: {bad}"

@@ -7,6 +7,7 @@ import torch
 from tutorial_utils import formulas
 from tutorial_utils.decoder import DecoderConfig
 from tutorial_utils.exercises import predict as ex
+from tutorial_utils.exercises import reset_attempts
 
 LLAMA_LIKE = DecoderConfig(
     vocab=500,
@@ -56,3 +57,26 @@ def test_saved_bytes_counter_catches_double_counted_views():
     assert not ex.check_saved_bytes(per_tensor).passed
     ex.check_saved_bytes(ex.saved_bytes).assert_passed()
     ex._check_formula_is_exact()
+
+
+def test_saved_bytes_first_response_to_the_shipped_counter_gives_no_answer():
+    """05a exercise 3 is saved with its first response showing (issue 20 §6): a hint that makes
+    the learner look, not the fix (until then it said "count each storage once")."""
+
+    def shipped(module, x):  # the exercise cell as it ships
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            module(x)
+        return total
+
+    reset_attempts()  # as in a fresh notebook: this is the first attempt
+    first = repr(ex.check_saved_bytes(shipped))
+    assert "Hint:" in first and "Fix:" not in first, first
+    for answer in ("storage once", "_cdata", "weights", "view"):
+        assert answer not in first, f"the first response gives {answer!r} away: {first}"

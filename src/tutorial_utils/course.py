@@ -28,7 +28,7 @@ MINUTES: dict[str, int] = {
     "02_creating_tensors_on_the_right_device.ipynb": 45,
     "03_data_parallelism.ipynb": 105,
     "04_model_parallelism.ipynb": 55,
-    "05_out_of_memory.ipynb": 100,
+    "05_out_of_memory.ipynb": 55,
     "05a_where_memory_goes.ipynb": 70,
     "06_mixed_precision_and_cudnn.ipynb": 80,
     "07_capstone_make_it_fit.ipynb": 55,

@@ -4,7 +4,8 @@
 count, the bytes that fp32 parameters, their gradients and Adam's two moment tensors take
 (with or without Adam's 4-byte ``step`` counter per tensor: both answers pass).
 The checker compares with the exact number and, when the answer is off by a recognisable
-factor, says which part was forgotten.
+factor, says which part was forgotten. (No notebook asks it since issue 20's editorial pass:
+05's first exercise was answered by the cell above it, and 05a §2 now teaches the count.)
 
 ``check_evaluate(evaluate)``: the learner fixes an evaluation loop,
 ``evaluate(model, batches) -> float``. The checker runs it under ``memory.measure`` on a
@@ -236,7 +237,10 @@ def check_largest_batch(
     if start <= fits:
         raise ValueError(f"check_largest_batch: start ({start}) must be above fits ({fits})")
     fb = Feedback("largest_fitting_batch finds the largest batch that fits under the budget")
-    fb.hint("what does an exception keep alive while you are still inside its except block?")
+    fb.hint(
+        "when it tries a size that fits, is any earlier failed attempt still alive? Where is "
+        "that call made?"
+    )
     fb.fix(
         "catch the error without retrying inside the except block: set a flag there (or just "
         "let the block end), then halve the batch and try again after it"

@@ -100,7 +100,10 @@ def check_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, answer: int
 def check_saved_bytes(fn: Callable[[torch.nn.Module, torch.Tensor], int]) -> Feedback:
     """Does ``fn(module, x)`` return the distinct bytes ``module(x)`` saves for backward?"""
     fb = Feedback("a saved-tensor counter")
-    fb.hint("several saved tensors can be views of one storage: count each storage once")
+    fb.hint(
+        "print what pack() is given (t.shape, t.untyped_storage().data_ptr()): which of those "
+        "are not new memory that forward made?"
+    )
     fb.fix("key a dict by t.untyped_storage()._cdata and add s.nbytes() once per storage")
     for cfg, b, s in ((DecoderConfig(d_model=32, n_heads=4), 2, 8), (DecoderConfig(), 1, 16)):
         block = Decoder(cfg, n_layers=1).blocks[0]
