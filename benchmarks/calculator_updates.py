@@ -4,21 +4,19 @@
 
 Issue 21 asks for at most 2 s per change for presets up to 8B on a 2-core machine. For each
 preset: a new shape (the block runs on fake tensors), another new batch, and a shape seen
-before (from the cache), each timed by ``Calculator.updates`` (the answer and the summary),
-and the picture a notebook redraws on top (``FitReport.plot`` rendered to a PNG). Prints one
-row per preset and the machine's load average, since a busy machine is slower.
+before (from the cache), each timed by ``Calculator.updates``: the whole redraw (the answer,
+the summary, the bar rendered to a PNG). Prints one row per preset and the machine's load
+average, since a busy machine is slower.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import time
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot  # noqa: E402
 
 from tutorial_utils.calculator import Calculator  # noqa: E402
 from tutorial_utils.decoder import PRESETS  # noqa: E402
@@ -28,7 +26,7 @@ def main() -> None:
     start = time.perf_counter()
     calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
     print(f"first Calculator(): {time.perf_counter() - start:.2f} s (imports, first fake run)")
-    print(f"{'preset':>10}  {'new shape':>9}  {'new batch':>9}  {'cached':>6}  {'picture':>7}")
+    print(f"{'preset':>10}  {'new shape':>9}  {'new batch':>9}  {'cached':>6}")
     for name in PRESETS:
         seq = 1024 if name.startswith("gpt2") else 2048
         calc.set(preset=name, seq=seq, batch=3, sharding="zero3", n_gpus=8)
@@ -37,12 +35,7 @@ def main() -> None:
         again = calc.updates[-1]
         calc.set(batch=3)
         cached = calc.updates[-1]
-        t0 = time.perf_counter()
-        ax = calc.report.plot()
-        ax.figure.savefig(io.BytesIO(), format="png")
-        picture = time.perf_counter() - t0
-        matplotlib.pyplot.close(ax.figure)
-        print(f"{name:>10}  {new:8.2f}s  {again:8.2f}s  {cached:5.2f}s  {picture:6.2f}s")
+        print(f"{name:>10}  {new:8.2f}s  {again:8.2f}s  {cached:5.2f}s")
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 

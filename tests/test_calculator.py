@@ -19,8 +19,10 @@ def _agg(monkeypatch):
 
 def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
     calc = Calculator(preset="gpt2-124m", batch=1, seq=512, sharding="none", n_gpus=1)
-    before, text = calc.report, calc.summary.value
+    before, text, png = calc.report, calc.summary.value, calc.picture.value
+    assert bytes(png).startswith(b"\x89PNG")
     calc.knobs["batch"].value = 16  # what moving the slider does
+    assert bytes(calc.picture.value).startswith(b"\x89PNG") and calc.picture.value != png
     assert calc.report == fit.will_it_fit(
         "gpt2-124m", 16, 512, "bf16-master", "adamw", "selective", "none", 1
     )
@@ -52,6 +54,7 @@ def test_an_impossible_choice_is_said_in_the_summary_not_raised():
     calc = Calculator(preset="gpt2-124m", seq=1024, sharding="none", n_gpus=1)
     calc.set(seq=2048)  # GPT-2 has 1024 learned positions
     assert calc.error and "1024 learned positions" in calc.summary.value
+    assert bytes(calc.picture.value) == b"", "no bar for a question it cannot answer"
     assert "learned positions" in repr(calc)
     calc.set(seq=512)
     assert calc.error is None and calc.report.seq == 512

@@ -7,13 +7,15 @@ In a notebook:
     Calculator(preset="llama-8b")          # the knobs, a stacked bar, the verdict
 
 ``Calculator.set(batch=4)`` turns a knob from code (what a test does); ``.report`` is the latest
-``fit.FitReport`` and ``.updates`` the seconds each update took. Without ipywidgets, building
+``fit.FitReport``, ``.picture.value`` its bar as PNG bytes and ``.updates`` the seconds each
+update took (the answer and the picture). Without ipywidgets, building
 one says what to use instead (``fit.will_it_fit`` or ``python -m tutorial_utils.fit``).
 """
 
 from __future__ import annotations
 
 import html
+import io
 import time
 
 from . import fit
@@ -46,6 +48,17 @@ def _widgets():
     return ipywidgets
 
 
+def _png(report: fit.FitReport) -> bytes:
+    """The report's bar as PNG bytes (matplotlib's Agg canvas; no pyplot state is touched)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 2.8), dpi=100)
+    report.plot(figure.subplots())
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
 class Calculator:
     """Knobs for every input of ``fit.will_it_fit``, one stacked bar, one verdict line."""
 
@@ -76,7 +89,9 @@ class Calculator:
             knob.observe(self._on_change, names="value")
         self.summary = w.HTML()
         self.summary.add_class("tu-fit-summary")
-        self.picture = w.Output()
+        # A PNG in an Image widget, not a figure shown in an Output widget: the picture is the
+        # widget's value, so it redraws the same in JupyterLab, Colab and a test kernel
+        self.picture = w.Image(format="png")
         self.picture.add_class("tu-fit-picture")
         knobs_list = list(self.knobs.values())
         self.widget = w.VBox(
@@ -119,9 +134,6 @@ class Calculator:
             self._update()
 
     def _update(self) -> None:
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-
         start = time.perf_counter()
         values = self.values()
         self.knobs["n_gpus"].disabled = values["sharding"] == "none"
@@ -130,7 +142,7 @@ class Calculator:
         except ValueError as err:  # e.g. a sequence longer than GPT-2's learned positions
             self.error = str(err)
             self.summary.value = f"<b>Cannot answer:</b> {html.escape(self.error)}"
-            self.picture.clear_output()
+            self.picture.value = b""
             self.updates.append(time.perf_counter() - start)
             return
         self.report, self.error = report, None
@@ -138,16 +150,7 @@ class Calculator:
             f"<b>{format_bytes(report.total)}</b> per GPU exact, "
             f"{format_bytes(report.formula_total)} by formula: {html.escape(report.verdict)}"
         )
-        from IPython import get_ipython
-
-        if get_ipython() is None:  # no kernel to show a picture to (a script, a test)
-            self.updates.append(time.perf_counter() - start)
-            return
-        with self.picture:
-            self.picture.clear_output(wait=True)
-            ax = report.plot()
-            display(ax.figure)
-            plt.close(ax.figure)
+        self.picture.value = _png(report)
         self.updates.append(time.perf_counter() - start)
 
     def _ipython_display_(self) -> None:
