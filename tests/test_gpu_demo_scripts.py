@@ -1,4 +1,5 @@
-"""notebooks/scripts/transfer_gpu.py: notebook 01's GPU-only demos (issue 20 §3, "Compact").
+"""The GPU-only demo scripts notebooks 01 and 06 run (issue 20 §3, "Compact"):
+notebooks/scripts/transfer_gpu.py (01) and cudnn_benchmark.py (06).
 
 Without CUDA each demo must refuse in one sentence (the notebook never calls them then, but a
 learner running the script does), and every demo the notebook calls must exist."""
@@ -51,3 +52,21 @@ def test_running_the_script_without_cuda_exits_1_with_one_line(capsys):
     assert _module().main() == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("these demos need a CUDA GPU") and "\n" not in err
+
+
+def _cudnn_script():
+    spec = importlib.util.spec_from_file_location(
+        "cudnn_benchmark", NOTEBOOKS / "scripts" / "cudnn_benchmark.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_the_cudnn_measurement_refuses_in_one_sentence_without_cuda(capsys):
+    module = _cudnn_script()
+    with pytest.raises(RuntimeError, match=r"^this measurement needs a CUDA GPU with cuDNN"):
+        module.benchmark_modes()
+    assert module.main() == 1 and "\n" not in capsys.readouterr().err.strip()
+    assert torch.backends.cudnn.benchmark is False
