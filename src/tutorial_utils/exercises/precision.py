@@ -181,7 +181,8 @@ def check_accumulated_clipped_step(
     fb = Feedback("one optimizer step over micro-batches, clipped, with a GradScaler")
     fb.hint(
         "compare what the optimizer steps with to the whole batch's gradient: what share of it "
-        "does each micro-batch's backward add, and what is in .grad before scaler.unscale_?"
+        "does each micro-batch's backward add, and what does .grad hold right after a scaled "
+        "backward?"
     )
     fb.fix(
         "divide each micro-batch's loss by len(micro_batches) before scaler.scale(...).backward(); "
