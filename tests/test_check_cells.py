@@ -280,6 +280,43 @@ def _cpu():
     return devices.Capabilities.machine("cpu")
 
 
+def _gpu_demos(**results):
+    """Notebook 01's GPU cells call scripts/transfer_gpu.py; here it returns ``results``."""
+    demos = types.SimpleNamespace(**{name: (lambda v=v: v) for name, v in results.items()})
+    return {
+        "caps": devices.Capabilities.machine("a100"),
+        "transfer_gpu": demos,
+        "listing": types.SimpleNamespace(show=lambda *a, **k: None),
+        "timing": types.SimpleNamespace(format_seconds=str),
+    }
+
+
+def _copy_read_after_it_finished():
+    return _gpu_demos(read_too_early=(1e6, 1e6), reuse_too_early=(1.0, 1.0))
+
+
+def _streams_that_do_not_overlap():
+    return _gpu_demos(overlap={"copy_ms": 10.0, "compute_ms": 10.0, "both_ms": 20.0})
+
+
+def _a_naive_timer_that_waits():
+    return _gpu_demos(naive_timer={"naive": 0.01, "synchronized": 0.01, "CUDA events": 0.01})
+
+
+def _item_that_does_not_synchronize():
+    return _gpu_demos(hidden_syncs={"g.sum().item()": False, "g.nonzero()": True, "g * 2": False})
+
+
+def _cudnn_search_that_costs_nothing():
+    med = {"fixed": 1.0, "varying": 1.0}
+    results = {
+        f"{kind}, benchmark={flag}": types.SimpleNamespace(median=med[kind])
+        for kind in med
+        for flag in (False, True)
+    }
+    return {"cudnn_results": results, "cudnn": torch.backends.cudnn}
+
+
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
 MUTATIONS = {
     "00 doctor names the wrong reason": (
@@ -288,6 +325,27 @@ MUTATIONS = {
         _doctor_misreads_the_build,
     ),
     "01 pinning per batch is faster": ("01", ("pin_each = pin_ways",), _pinning_per_batch_pays),
+    "01 a copy read too early is right": (
+        "01",
+        ("transfer_gpu.read_too_early()",),
+        _copy_read_after_it_finished,
+    ),
+    "01 two streams do not overlap": (
+        "01",
+        ("transfer_gpu.overlap()",),
+        _streams_that_do_not_overlap,
+    ),
+    "01 the naive timer waits": ("01", ("transfer_gpu.naive_timer()",), _a_naive_timer_that_waits),
+    "01 item() does not synchronize": (
+        "01",
+        ("transfer_gpu.hidden_syncs()",),
+        _item_that_does_not_synchronize,
+    ),
+    "06 cudnn.benchmark costs nothing": (
+        "06",
+        ("benchmark=True should pay a search",),
+        _cudnn_search_that_costs_nothing,
+    ),
     "02 child without its setting": (
         "02",
         ('assert seen[""] == []',),

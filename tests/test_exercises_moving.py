@@ -5,62 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import move_ref
-from torch import nn
 
-from tutorial_utils.exercises import ExerciseNotPassed
-from tutorial_utils.exercises.moving import check_move_batch, check_setup_training
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-def good_setup(device):
-    model = _model()
-    model.to(device)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def optimizer_first(device):
-    model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model.to(device)
-    return model, optimizer
-
-
-def test_setup_reference_passes():
-    fb = check_setup_training(good_setup, "cpu")
-    assert fb.passed, str(fb)
-    fb.assert_passed()
-
-
-def test_setup_optimizer_built_before_move_fails():
-    fb = check_setup_training(optimizer_first, "cpu")
-    assert not fb.passed
-    assert "build the optimizer after model.to(device)" in str(fb)
-    with pytest.raises(ExerciseNotPassed):
-        fb.assert_passed()
-
-
-def test_setup_model_not_moved_fails():
-    fb = check_setup_training(lambda device: good_setup("cpu"), "cpu")
-    assert not fb.passed and "elsewhere" in str(fb)
-
-
-def test_setup_wrong_return_and_exceptions():
-    assert "tuple" in str(check_setup_training(lambda d: _model()))
-    assert "raised ZeroDivisionError" in str(check_setup_training(lambda d: 1 / 0))
-    assert "Not yet" in str(check_setup_training(lambda d: (_model(), None)))
-
-
-def test_setup_partial_optimizer_fails():
-    def half(device):
-        model = _model().to(device)
-        return model, torch.optim.SGD(model[0].parameters(), lr=0.1)
-
-    fb = check_setup_training(half)
-    assert not fb.passed and "does not train 2" in str(fb)
+from tutorial_utils.exercises.moving import check_move_batch
 
 
 def test_move_reference_passes():

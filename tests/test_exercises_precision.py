@@ -32,152 +32,103 @@ def test_fp16_survival_right_and_wrong() -> None:
     assert not ex.check_fp16_survival({}).passed
 
 
-def _good(model, optimizer, scaler, inputs, targets, device_type, dtype):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type, dtype=dtype):
-        loss = nn.functional.cross_entropy(model(inputs), targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss
+def _acc_step(*, average: bool = True, unscale: bool = True, clip: bool = True, loss_back=None):
+    """One step over micro-batches; each flag off is one typical mistake."""
 
-
-def test_amp_step_reference_passes() -> None:
-    ex.check_amp_step(_good).assert_passed()
-
-
-def test_amp_step_without_autocast_or_scaler_fails() -> None:
-    def plain(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(inputs), targets)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    fb = ex.check_amp_step(plain)
-    assert not fb.passed
-    text = str(fb)
-    assert "autocast" in text and "scaler.scale" in text and "scaler.step" in text
-
-
-def test_amp_step_with_half_model_fails() -> None:
-    def halved(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        model.half()
-        return _good(model, optimizer, scaler, inputs.half(), targets, device_type, dtype)
-
-    fb = ex.check_amp_step(halved)
-    assert not fb.passed
-    assert any("fp32" in p or "raised" in p for p in fb.problems)
-
-
-def test_amp_step_without_update_fails() -> None:
-    def no_update(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        optimizer.zero_grad()
-        with torch.autocast(device_type, dtype=dtype):
-            loss = nn.functional.cross_entropy(model(inputs), targets)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        return loss
-
-    fb = ex.check_amp_step(no_update)
-    assert not fb.passed and any("update" in p for p in fb.problems)
-
-
-def test_amp_step_wrong_loss_fails() -> None:
-    def wrong_loss(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        optimizer.zero_grad()
-        with torch.autocast(device_type, dtype=dtype):
-            loss = model(inputs).float().square().mean()
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        return loss
-
-    fb = ex.check_amp_step(wrong_loss)
-    assert not fb.passed and any("this batch's loss is" in p for p in fb.problems)
-
-    def wrong_loss_returns_right_one(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        wrong_loss(model, optimizer, scaler, inputs, targets, device_type, dtype)
-        with torch.no_grad(), torch.autocast(device_type, dtype=dtype):
-            return nn.functional.cross_entropy(model(inputs), targets)
-
-    fb = ex.check_amp_step(wrong_loss_returns_right_one)
-    assert not fb.passed and any("reference" in p or "batch's loss" in p for p in fb.problems)
-
-
-def _clip_step(*, unscale: bool, clip: bool, use_scaler: bool = True):
-    def step(model, optimizer, scaler, inputs, targets, device_type, dtype, max_norm):
+    def step(model, optimizer, scaler, micro_batches, device_type, dtype, max_norm):
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=dtype):
-            loss = nn.functional.cross_entropy(model(inputs), targets)
-        if not use_scaler:
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            optimizer.step()
-            return loss
-        scaler.scale(loss).backward()
+        total = 0.0
+        for inputs, targets in micro_batches:
+            with torch.autocast(device_type, dtype=dtype):
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+            if average:
+                loss = loss / len(micro_batches)
+            scaler.scale(loss).backward()
+            total += loss.item() if average else loss.item() / len(micro_batches)
         if unscale:
             scaler.unscale_(optimizer)
         if clip:
             nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         scaler.step(optimizer)
         scaler.update()
-        return loss
+        return total if loss_back is None else loss_back
 
     return step
 
 
-def test_clipped_step_right_answer_passes() -> None:
-    fb = ex.check_clipped_step(_clip_step(unscale=True, clip=True))
+def _step_per_micro_batch(model, optimizer, scaler, micro_batches, device_type, dtype, max_norm):
+    for inputs, targets in micro_batches:  # an optimizer step per micro-batch: no accumulation
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type, dtype=dtype):
+            loss = nn.functional.cross_entropy(model(inputs), targets) / len(micro_batches)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    return loss
+
+
+def _last_micro_batch_only(model, optimizer, scaler, micro_batches, device_type, dtype, max_norm):
+    total = 0.0
+    for inputs, targets in micro_batches:
+        optimizer.zero_grad(set_to_none=True)  # inside the loop: drops the earlier micro-batches
+        with torch.autocast(device_type, dtype=dtype):
+            loss = nn.functional.cross_entropy(model(inputs), targets) / len(micro_batches)
+        scaler.scale(loss).backward()
+        total += loss.item()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return total
+
+
+def test_accumulated_clipped_step_right_answer_passes() -> None:
+    fb = ex.check_accumulated_clipped_step(_acc_step())
     assert fb.passed, fb.problems
 
 
-def test_clipping_before_unscale_is_caught_and_explained() -> None:
+def test_the_shipped_bug_is_caught_and_the_first_answer_is_a_hint() -> None:
     reset_attempts()
-    first = ex.check_clipped_step(_clip_step(unscale=False, clip=True))
+    shipped = _acc_step(average=False, unscale=False)  # what the notebook's exercise cell holds
+    first = ex.check_accumulated_clipped_step(shipped)
     assert not first.passed and not first.detailed
-    assert "unscale_" not in first.briefs[0], "the first answer is a hint, not the fix"
-    assert "1024x smaller" in first.problems[0] and "before scaler.unscale_" in first.problems[0]
-    second = ex.check_clipped_step(_clip_step(unscale=False, clip=True))
-    assert second.detailed and "unscale_" in second.fixes[0]
+    shown = repr(first)  # what the notebook saves: the brief and the hint
+    assert "unscale_" not in shown and "len(micro_batches)" not in shown, shown
+    assert "before scaler.unscale_" in first.problems[0]
+    second = ex.check_accumulated_clipped_step(shipped)
+    assert second.detailed and "len(micro_batches)" in second.fixes[0]
     reset_attempts()
 
 
 @pytest.mark.parametrize(
     ("step", "problem"),
     [
-        (_clip_step(unscale=True, clip=False), "above max_norm"),
-        (_clip_step(unscale=False, clip=False, use_scaler=False), "use the scaler"),
-        (lambda *args: None, "still a placeholder"),  # a step that does nothing yet
+        (_acc_step(unscale=False), "before scaler.unscale_"),  # averaged, clipped too early
+        (_acc_step(average=False), "added up, not averaged"),  # passes the clipping run
+        (_acc_step(clip=False), "clip them with nn.utils.clip_grad_norm_"),
+        (_step_per_micro_batch, "stepped 4 times"),
+        (_last_micro_batch_only, "points elsewhere than the whole batch's"),
+        (_acc_step(loss_back=torch.tensor(0.5)), "this batch's loss is"),
+        (lambda *args: None, "still a placeholder"),
     ],
 )
-def test_clipped_step_wrong_answers_fail(step, problem: str) -> None:
-    fb = ex.check_clipped_step(step)
-    assert not fb.passed and problem in " ".join(fb.problems)
+def test_accumulated_clipped_step_wrong_answers_fail(step, problem: str) -> None:
+    fb = ex.check_accumulated_clipped_step(step)
+    assert not fb.passed and problem in " ".join(fb.problems), fb.problems
 
 
-def test_amp_step_that_zeroes_its_targets_fails() -> None:
-    """Issue 25: ``targets.zero_()`` passed: the reference ran after the step, on the same
-    (zeroed) targets. The reference now runs first, and the step gets copies."""
+def test_a_step_that_changes_its_micro_batches_fails() -> None:
+    right = _acc_step()
 
-    def zeroes_targets(model, optimizer, scaler, inputs, targets, device_type, dtype):
-        targets.zero_()
-        return _good(model, optimizer, scaler, inputs, targets, device_type, dtype)
+    def zeroes_targets(model, optimizer, scaler, micro_batches, *rest):
+        loss = right(model, optimizer, scaler, micro_batches, *rest)
+        micro_batches[0][1].zero_()
+        return loss
 
-    fb = ex.check_amp_step(zeroes_targets)
-    assert not fb.passed and "targets changed its values" in str(fb), str(fb)
-
-
-def test_clipped_step_with_a_wrong_loss_fails() -> None:
-    """Issue 25: the clipping check read only the gradients; a wrong returned loss passed."""
-    right = _clip_step(unscale=True, clip=True)
-
-    def wrong_loss(*args):
-        right(*args)
-        return torch.tensor(0.5)
-
-    fb = ex.check_clipped_step(wrong_loss)
-    assert not fb.passed and "this batch's loss is" in str(fb), str(fb)
+    fb = ex.check_accumulated_clipped_step(zeroes_targets)
+    assert not fb.passed and "changed" in str(fb), str(fb)
 
 
 def test_fp16_survival_with_values_none_says_what_to_pass() -> None:

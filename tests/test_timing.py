@@ -303,3 +303,15 @@ def test_bandwidth_of_a_zero_median_is_one_sentence_not_zero_division(samples):
 def test_bandwidth_refuses_bad_byte_counts(nbytes):
     with pytest.raises(ValueError, match="whole number of bytes"):
         _cpu_timing("copy", (0.5,)).bandwidth(nbytes)
+
+
+def test_time_it_agrees_with_torch_utils_benchmark_on_the_same_work():
+    """Notebook 01 showed this once as a cell (issue 20 §5 cut it): the course's timer and
+    PyTorch's own, written apart, measure the same 10 ms sleep alike. A timer that counted its
+    calls wrong, or missed one, would be off by 2x or more."""
+    from torch.utils import benchmark
+
+    ours = time_it(lambda: time.sleep(0.01), device="cpu", warmup=1, repeat=5, number=1)
+    theirs = benchmark.Timer(stmt="sleep(0.01)", globals={"sleep": time.sleep}).timeit(5)
+    assert 0.01 <= ours.median < 0.05 and 0.01 <= theirs.median < 0.05, (ours, theirs)
+    assert max(ours.median, theirs.median) < 1.5 * min(ours.median, theirs.median)

@@ -1,9 +1,8 @@
 """Checkers for notebook 01, moving tensors between devices.
 
 Each checker runs the learner's code on a device that exists on every machine. Besides the
-device the notebook uses, they also use ``'meta'``: a device with shapes and dtypes but no data.
-Moving a model from the CPU to ``'meta'`` replaces its ``Parameter`` objects, so it catches an
-optimizer built before the move on any machine, GPU or not.
+device the notebook uses, they also use ``'meta'``: a device with shapes and dtypes but no data,
+where a tensor left behind on the CPU raises or stays behind, as it would with a GPU.
 """
 
 from __future__ import annotations
@@ -17,73 +16,7 @@ from torch import nn
 from . import Feedback, checker
 from .answers import META, Given, checker_device, describe, same_device, tensor_number
 
-__all__ = ["check_accuracy_on_device", "check_move_batch", "check_setup_training"]
-
-
-@checker(answers=("setup",))
-def check_setup_training(
-    setup: Callable[[torch.device], tuple[nn.Module, torch.optim.Optimizer]],
-    device: torch.device | str = "cpu",
-) -> Feedback:
-    """Exercise 1: ``setup(device)`` returns ``(model, optimizer)`` with the model on ``device``.
-
-    The optimizer must hold the very ``Parameter`` objects the model has after the move,
-    which is only guaranteed when it is built after ``model.to(device)``.
-    """
-    device = checker_device(device, "check_setup_training")
-    fb = Feedback(
-        "setup(device) returns a model on the device and an optimizer over its parameters"
-    )
-    fb.hint(
-        "which tensors does the optimizer hold, and are they still the model's parameters "
-        "once the model has moved?"
-    )
-    fb.fix("model = ...; model.to(device); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)")
-    targets = [device] + ([META] if device != META else [])  # the move that replaces Parameters
-    for target in targets:
-        result = fb.run(f"setup({str(target)!r})", setup, target, returns=tuple)
-        fb.require(
-            len(result) == 2,
-            f"setup must return a tuple (model, optimizer), got a tuple of {len(result)}",
-            brief="setup returns the wrong number of things",
-        )
-        model, optimizer = result
-        fb.require(
-            isinstance(model, nn.Module),
-            f"the first item must be an nn.Module, got {type(model).__name__}",
-            brief="the first item is not a model",
-        )
-        fb.require(
-            isinstance(optimizer, torch.optim.Optimizer),
-            f"the second item must be a torch.optim optimizer, got {type(optimizer).__name__}",
-            brief="the second item is not an optimizer",
-        )
-        params = list(model.parameters())
-        fb.require(bool(params), "the model has no parameters to train")
-        off = [name for name, p in model.named_parameters() if not same_device(p, target)]
-        fb.expect(
-            not off,
-            f"with device={str(target)!r}, these parameters are elsewhere: {', '.join(off)}",
-            brief="the model's parameters are not on the device",
-        )
-        model_ids = {id(p) for p in params}
-        held = [p for group in optimizer.param_groups for p in group["params"]]
-        stale = [p for p in held if id(p) not in model_ids]
-        fb.expect(
-            not stale,
-            f"with device={str(target)!r}, the optimizer holds {len(stale)} tensor(s) that are "
-            "not the model's parameters any more: build the optimizer after model.to(device)",
-            brief="the optimizer does not hold the model's parameters after the move",
-        )
-        missing = model_ids - {id(p) for p in held}
-        fb.expect(
-            not missing,
-            f"the optimizer does not train {len(missing)} of the model's parameters",
-            brief="the optimizer misses some of the model's parameters",
-        )
-        if fb.problems:
-            break
-    return fb
+__all__ = ["check_accuracy_on_device", "check_move_batch"]
 
 
 def _compare(fb: Feedback, got: Any, want: Any, where: str, target: torch.device) -> None:
@@ -159,7 +92,7 @@ def _compare(fb: Feedback, got: Any, want: Any, where: str, target: torch.device
 def check_move_batch(
     move: Callable[[Any, torch.device], Any], device: torch.device | str = "cpu"
 ) -> Feedback:
-    """Exercise 2: ``move(batch, device)`` moves every tensor in nested dicts, lists and tuples.
+    """Exercise 1: ``move(batch, device)`` moves every tensor in nested dicts, lists and tuples.
 
     Containers keep their type, non-tensor values are returned unchanged, and every tensor
     lands on ``device`` with its dtype, shape and values kept. ``move`` gets a copy of the
@@ -197,7 +130,7 @@ def check_move_batch(
 
 
 # -----------------------------------------------------------------------------
-# Exercise 3: debug an evaluation loop that only works on the CPU
+# Exercise 2: debug an evaluation loop that only works on the CPU
 
 
 def _accuracy_setup() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -219,7 +152,7 @@ def check_accuracy_on_device(
     accuracy: Callable[[nn.Module, list, torch.device], Any],
     device: torch.device | str = "cpu",
 ) -> Feedback:
-    """Exercise 3: ``accuracy(model, batches, device)`` returns a 0-dim tensor on ``device``.
+    """Exercise 2: ``accuracy(model, batches, device)`` returns a 0-dim tensor on ``device``.
 
     The value is checked on ``device`` against a reference; ``'meta'`` (where a tensor left on the
     CPU raises, or stays behind, as on a GPU) checks that every tensor follows the device.

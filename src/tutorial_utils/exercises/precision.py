@@ -4,22 +4,17 @@
 (``"inf"``, ``"0"`` or ``"ok"``); the checker converts the numbers for real and says which
 predictions are wrong and why.
 
-``check_amp_step(step)``: the learner writes one mixed-precision training step,
-``step(model, optimizer, scaler, inputs, targets, device_type, dtype) -> loss``. The checker
-runs it on a small seeded model with fp16 autocast and a recording ``GradScaler``, and checks
-that the forward ran under autocast, the weights stayed fp32, the scaler scaled the loss,
-stepped the optimizer and updated itself, and that the weights after the step match a
-reference step.
-
-``check_clipped_step(step)``: the bug hunt. ``step(model, optimizer, scaler, inputs, targets,
-device_type, dtype, max_norm) -> loss`` clips the gradients with a scaler. The checker records
-the gradients' norm when the optimizer really steps: clipped before ``scaler.unscale_`` it is
-the scale (1024 here) times too small.
+``check_accumulated_clipped_step(step)``: the bug hunt. ``step(model, optimizer, scaler,
+micro_batches, device_type, dtype, max_norm) -> loss`` makes one optimizer step over several
+micro-batches, with gradient clipping and a ``GradScaler``: two lessons of section 3 at once.
+The checker computes the whole batch's gradient first (its own model, no scaler), then records
+the gradients the optimizer really steps with, once with a ``max_norm`` that must clip and once
+with one that must not: micro-batch losses added up instead of averaged pass the first and fail
+the second; clipping before ``scaler.unscale_`` fails the first by the scale.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -32,8 +27,8 @@ from .answers import Given, checker_device, describe, finite_number, tensor_numb
 
 __all__ = [
     "FP16_VALUES",
-    "check_amp_step",
-    "check_clipped_step",
+    "MICRO_BATCHES",
+    "check_accumulated_clipped_step",
     "check_fp16_survival",
     "fp16_fate",
 ]
@@ -154,208 +149,121 @@ def _setup(
     return model, optimizer, scaler, inputs, targets
 
 
-def _reference_step(model, optimizer, scaler, inputs, targets, device_type, dtype):
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type, dtype=dtype):
-        loss = nn.functional.cross_entropy(model(inputs), targets)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss
-
-
-@checker(answers=("step",))
-def check_amp_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
-    """Run the learner's ``step`` once with fp16 autocast and check it against the reference.
-
-    The reference step runs first, on its own copies; the learner's step gets copies of the
-    inputs and targets, and changing them (``targets.zero_()``) fails."""
-    device = checker_device(device, "check_amp_step", allowed=("cuda", "cpu"))
-    fb = Feedback("a mixed-precision training step with autocast and GradScaler")
-    fb.hint(
-        "mixed precision takes two tools: autocast around the forward pass, and the GradScaler "
-        "around the backward pass and the optimizer step"
-    )
-    fb.fix(
-        "optimizer.zero_grad(set_to_none=True)\n"
-        "with torch.autocast(device_type, dtype=dtype):\n"
-        "    loss = nn.functional.cross_entropy(model(inputs), targets)\n"
-        "scaler.scale(loss).backward()\nscaler.step(optimizer)\nscaler.update()\nreturn loss"
-    )
-    dtype = torch.float16
-    model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
-    ref_model = copy.deepcopy(model)
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.5)
-    ref_scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
-    ref_loss = _reference_step(
-        ref_model, ref_opt, ref_scaler, inputs.clone(), targets.clone(), device.type, dtype
-    )
-
-    seen_autocast: list[bool] = []
-    hook = model.register_forward_hook(
-        lambda mod, args, out: seen_autocast.append(torch.is_autocast_enabled(device.type))
-    )
-    try:
-        loss = fb.run(
-            "your step",
-            step,
-            model,
-            optimizer,
-            scaler,
-            Given("inputs", inputs),
-            Given("targets", targets),
-            device.type,
-            dtype,
-        )
-    finally:
-        hook.remove()
-
-    fb.expect(
-        bool(seen_autocast),
-        "the model's forward never ran: call model(inputs) inside your step",
-        brief="the model never ran",
-    )
-    fb.expect(
-        all(seen_autocast) and bool(seen_autocast),
-        "the forward pass ran without autocast: wrap it in "
-        "`with torch.autocast(device_type, dtype=dtype):`",
-        brief="the forward pass ran without autocast",
-    )
-    fb.expect(
-        all(p.dtype == torch.float32 for p in model.parameters()),
-        "the weights are no longer fp32: do not call .half() on the model; autocast casts per op",
-        brief="the weights are no longer fp32",
-    )
-    fb.expect(
-        "scale" in scaler.calls,
-        "call scaler.scale(loss).backward(), not loss.backward()",
-        brief="the loss was not scaled before the backward pass",
-    )
-    fb.expect(
-        "step" in scaler.calls,
-        "call scaler.step(optimizer) instead of optimizer.step(): it unscales and skips inf steps",
-        brief="the optimizer was not stepped through the scaler",
-    )
-    fb.expect(
-        "update" in scaler.calls,
-        "call scaler.update() after scaler.step(optimizer)",
-        brief="the scaler never adjusts its scale",
-    )
-    if loss is None:
-        fb.fail(
-            "your step returned None: is `return loss` missing?",
-            brief="your step does not return the loss",
-        )
-    is_loss = isinstance(loss, torch.Tensor) and loss.numel() == 1
-    fb.require(
-        is_loss,
-        f"return the loss (a one-element tensor), not {describe(loss)}",
-        brief="your step does not return the loss",
-    )
-    value = tensor_number(loss)
-    fb.expect(
-        value is not None
-        and math.isclose(value, float(ref_loss.detach()), rel_tol=1e-2, abs_tol=1e-3),
-        f"the loss you return is {describe(value)}, but this batch's loss is "
-        f"{float(ref_loss.detach()):.4f}: return the cross_entropy of model(inputs) and targets",
-        brief="the loss you return is not the batch's loss",
-    )
-    if fb.passed:
-        same = all(
-            torch.allclose(p, q, rtol=1e-3, atol=1e-4)
-            for p, q in zip(model.parameters(), ref_model.parameters(), strict=True)
-        )
-        fb.expect(
-            same,
-            "the weights after your step differ from the reference step: check the loss "
-            "(cross_entropy of model(inputs) and targets) and the order zero_grad, backward, step",
-            brief="the weights after your step are not what one training step gives",
-        )
-    return fb
-
-
 def _grad_norm(params) -> float:
     return float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
 
 
-def _true_grad_norm(device: torch.device) -> tuple[float, float]:
-    """The unclipped gradient norm of the checker's model on its batch, fp16 autocast, and the
-    batch's loss."""
+MICRO_BATCHES = 4  # the checker's batch of 16, in micro-batches of 4
+
+
+def _whole_batch(device: torch.device) -> tuple[list[torch.Tensor], float, float]:
+    """The reference, computed first on the checker's own model: the whole batch's gradients
+    (fp16 autocast, no scaler, nothing clipped), their norm, and the batch's loss."""
     model, _, _, inputs, targets = _setup(device, torch.amp.GradScaler)
     with torch.autocast(device.type, dtype=torch.float16):
         loss = nn.functional.cross_entropy(model(inputs), targets)
     loss.float().backward()
-    return _grad_norm(model.parameters()), float(loss.detach())
+    grads = [p.grad.detach().float().clone() for p in model.parameters()]
+    return grads, _grad_norm(model.parameters()), float(loss.detach())
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.flatten() for t in tensors])
 
 
 @checker(answers=("step",))
-def check_clipped_step(step: Callable[..., Any], device: str | torch.device = "cpu") -> Feedback:
-    """Run the learner's clipping step once and check the gradients the optimizer stepped with,
-    and that the loss it returns is this batch's (computed first, from the checker's copy)."""
-    device = checker_device(device, "check_clipped_step", allowed=("cuda", "cpu"))
-    fb = Feedback("gradient clipping with a GradScaler")
+def check_accumulated_clipped_step(
+    step: Callable[..., Any], device: str | torch.device = "cpu"
+) -> Feedback:
+    """Run the learner's step twice (a ``max_norm`` that must clip, one that must not) and
+    compare the gradients the optimizer stepped with against the whole batch's, clipped."""
+    device = checker_device(device, "check_accumulated_clipped_step", allowed=("cuda", "cpu"))
+    fb = Feedback("one optimizer step over micro-batches, clipped, with a GradScaler")
     fb.hint(
-        "after scaler.scale(loss).backward(), what is in .grad: the gradients, or something "
-        "else? Compare the norm the optimizer steps with to max_norm"
+        "compare what the optimizer steps with to the whole batch's gradient: what share of it "
+        "does each micro-batch's backward add, and what does .grad hold right after a scaled "
+        "backward?"
     )
     fb.fix(
-        "call scaler.unscale_(optimizer) after backward and before clip_grad_norm_; "
-        "scaler.step(optimizer) then does not unscale a second time"
+        "divide each micro-batch's loss by len(micro_batches) before scaler.scale(...).backward(); "
+        "after the loop: scaler.unscale_(optimizer), clip_grad_norm_, then scaler.step(optimizer) "
+        "and scaler.update() once"
     )
-    true_norm, true_loss = _true_grad_norm(device)
-    max_norm = 0.5 * true_norm  # so that a right step must clip
-    model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
-    stepped: list[float] = []
-    optimizer.register_step_pre_hook(
-        lambda opt, args, kwargs: stepped.append(_grad_norm(model.parameters()))
-    )
-    loss = fb.run(
-        "your step",
-        step,
-        model,
-        optimizer,
-        scaler,
-        Given("inputs", inputs),
-        Given("targets", targets),
-        device.type,
-        torch.float16,
-        max_norm,
-    )
-    fb.require(
-        "scale" in scaler.calls and "step" in scaler.calls,
-        "use the scaler: scaler.scale(loss).backward() and scaler.step(optimizer)",
-        brief="the scaler was not used for backward and step",
-    )
-    fb.require(
-        len(stepped) == 1,
-        f"the optimizer stepped {len(stepped)} times: step once, through scaler.step(optimizer)",
-        brief="the optimizer did not step exactly once",
-    )
-    got = stepped[0]
-    fb.require(
-        math.isfinite(got),
-        "the gradients were not finite when the optimizer stepped",
-        brief="the gradients were not finite",
-    )
-    fb.expect(
-        got > 0.5 * max_norm,
-        f"the optimizer stepped with gradients of norm {got:.3g}, {max_norm / got:.0f}x smaller "
-        f"than max_norm ({max_norm:.3g}): they were clipped while still multiplied by the scale "
-        f"({scaler.get_scale():.0f}), before scaler.unscale_(optimizer)",
-        brief="the gradients the optimizer used are far smaller than max_norm",
-    )
-    fb.expect(
-        got < 1.01 * max_norm,
-        f"the optimizer stepped with gradients of norm {got:.3g}, above max_norm ({max_norm:.3g}): "
-        "clip them with nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
-        brief="the gradients were not clipped",
-    )
-    fb.expect(
-        "update" in scaler.calls,
-        "call scaler.update() after scaler.step(optimizer)",
-        brief="the scaler never adjusts its scale",
-    )
-    _expect_batch_loss(fb, loss, true_loss)
+    want_grads, true_norm, true_loss = _whole_batch(device)
+    for max_norm in (0.5 * true_norm, 2.0 * true_norm):  # must clip; must not
+        want_norm = min(true_norm, max_norm)
+        model, optimizer, scaler, inputs, targets = _setup(device, _RecordingScaler)
+        micro = list(zip(inputs.chunk(MICRO_BATCHES), targets.chunk(MICRO_BATCHES), strict=True))
+        stepped: list[list[torch.Tensor]] = []
+        optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, model=model, stepped=stepped: stepped.append(
+                [p.grad.detach().float().clone() for p in model.parameters()]
+            )
+        )
+        loss = fb.run(
+            f"your step (max_norm {max_norm:.3g})",
+            step,
+            model,
+            optimizer,
+            scaler,
+            Given("micro_batches", micro),
+            device.type,
+            torch.float16,
+            max_norm,
+        )
+        fb.require(
+            scaler.calls.count("scale") == MICRO_BATCHES and "step" in scaler.calls,
+            f"use the scaler: scaler.scale(loss).backward() for each of the {MICRO_BATCHES} "
+            "micro-batches, and scaler.step(optimizer)",
+            brief="the scaler was not used for every backward and for the step",
+        )
+        fb.require(
+            len(stepped) == 1,
+            f"the optimizer stepped {len(stepped)} times: step once, after the last micro-batch",
+            brief="the optimizer did not step exactly once",
+        )
+        got = _flat(stepped[0])
+        got_norm = float(got.norm())
+        fb.require(
+            math.isfinite(got_norm) and got_norm > 0,
+            "the gradients were zero or not finite when the optimizer stepped",
+            brief="the gradients were not usable",
+        )
+        cosine = float(got @ _flat(want_grads) / (got_norm * true_norm))
+        fb.expect(
+            cosine > 0.99,
+            f"the gradient the optimizer used points elsewhere than the whole batch's (cosine "
+            f"{cosine:.3f}): every micro-batch must add to it, none may be lost or clipped alone",
+            brief="the gradient is not the whole batch's",
+        )
+        ratio = got_norm / want_norm
+        fb.expect(
+            ratio > 0.5,
+            f"the optimizer stepped with gradients of norm {got_norm:.3g}, about {1 / ratio:.0f}x "
+            f"smaller than {want_norm:.3g} (max_norm {max_norm:.3g}): they were clipped while "
+            f"still multiplied by the scale ({scaler.get_scale():.0f}), before "
+            "scaler.unscale_(optimizer)",
+            brief="the gradients the optimizer used are far smaller than they should be",
+        )
+        fb.expect(
+            ratio < 1.05,
+            f"with max_norm {max_norm:.3g} the optimizer stepped with gradients of norm "
+            f"{got_norm:.3g}, {ratio:.1f}x the whole batch's clipped ({want_norm:.3g})"
+            + (
+                f": the {MICRO_BATCHES} micro-batch losses were added up, not averaged"
+                if got_norm > 1.5 * true_norm
+                else ": clip them with nn.utils.clip_grad_norm_(model.parameters(), max_norm)"
+            ),
+            brief="the gradients the optimizer used are larger than they should be",
+        )
+        fb.expect(
+            scaler.calls.count("update") == 1,
+            f"scaler.update() ran {scaler.calls.count('update')} times: once, after scaler.step",
+            brief="the scaler was not updated exactly once",
+        )
+        _expect_batch_loss(fb, loss, true_loss)
+        if fb.problems:
+            break
     return fb
 
 
@@ -368,6 +276,6 @@ def _expect_batch_loss(fb: Feedback, loss: object, want: float) -> None:
     fb.expect(
         value is not None and math.isclose(value, want, rel_tol=1e-2, abs_tol=1e-3),
         f"the loss you return is {describe(loss if value is None else value)}, but this batch's "
-        f"loss is {want:.4f}: return the cross_entropy of model(inputs) and targets",
+        f"loss is {want:.4f}: return the whole batch's cross_entropy (the micro-batches' mean)",
         brief="the loss you return is not the batch's loss",
     )

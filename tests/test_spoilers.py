@@ -1,0 +1,116 @@
+"""Saved notebooks must not give the exercises away (issue 20 §6, "Spoilers").
+
+Two rules, for the notebooks in ``CHECKED`` (the others join as their pass lands):
+
+1. A collapsed solution cell (``metadata.jupyter.source_hidden``) shows only its first line
+   when collapsed; that line must say it is a solution and nothing more.
+2. The saved output of an exercise cell (one that calls a checker without ``.assert_passed()``)
+   is the checker's response to the untouched cell: never a pass, and it never quotes a line
+   of the reference solution that the exercise cell itself does not show.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+CHECKED = ("01", "06")
+NEUTRAL = re.compile(r"^# Solution to exercise \d+ \(expand to read\)$")
+CHECKER_CALL = re.compile(r"\b(?:ex\.)?check_\w+\(")
+
+
+def _cells(prefix: str) -> list[dict]:
+    (path,) = NOTEBOOKS.glob(f"{prefix}_*.ipynb")
+    return json.loads(path.read_text())["cells"]
+
+
+def _text(cell: dict) -> str:
+    return "".join(
+        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        for o in cell.get("outputs", [])
+    )
+
+
+def spoiling_first_lines(cells: list[dict]) -> list[str]:
+    firsts = [
+        "".join(c["source"]).splitlines()[0]
+        for c in cells
+        if c["metadata"].get("jupyter", {}).get("source_hidden")
+    ]
+    return [line for line in firsts if not NEUTRAL.match(line)]
+
+
+def spoiling_outputs(cells: list[dict]) -> list[str]:
+    solutions = [
+        "".join(c["source"]) for c in cells if c["metadata"].get("jupyter", {}).get("source_hidden")
+    ]
+    solution_lines = {
+        line.strip()
+        for s in solutions
+        for line in s.splitlines()[1:]
+        if len(line.strip()) > 25 and not CHECKER_CALL.search(line)
+    }
+    found = []
+    for c in cells:
+        src = "".join(c["source"])
+        if c["cell_type"] != "code" or c["metadata"].get("jupyter", {}).get("source_hidden"):
+            continue
+        if (
+            not CHECKER_CALL.search(src)
+            or "assert_passed()" in src
+            or "import" in src.split("\n")[-1]
+        ):
+            continue
+        out = _text(c)
+        if out.startswith("Passed"):
+            found.append(f"{src.splitlines()[0][:40]!r}: its saved output is a pass")
+        shown = {line.strip() for line in src.splitlines()}  # what the learner already reads
+        found += [
+            f"{src.splitlines()[0][:40]!r} quotes {line!r}"
+            for line in solution_lines - shown
+            if line in out
+        ]
+    return found
+
+
+@pytest.mark.parametrize("prefix", CHECKED)
+def test_collapsed_solutions_start_with_a_neutral_line(prefix):
+    cells = _cells(prefix)
+    assert any(c["metadata"].get("jupyter", {}).get("source_hidden") for c in cells)
+    assert not spoiling_first_lines(cells)
+
+
+@pytest.mark.parametrize("prefix", CHECKED)
+def test_exercise_outputs_do_not_give_the_answer(prefix):
+    assert not spoiling_outputs(_cells(prefix))
+
+
+def test_the_rules_flag_what_they_should():
+    def cell(src, out="", hidden=False):
+        meta = {"jupyter": {"source_hidden": True}} if hidden else {}
+        outputs = [{"output_type": "stream", "name": "stdout", "text": out}] if out else []
+        return {"cell_type": "code", "metadata": meta, "source": [src], "outputs": outputs}
+
+    old_06 = cell(
+        'solution_guess = {70000.0: "inf"}\nex.check_fp16_survival(solution_guess)', hidden=True
+    )
+    assert spoiling_first_lines([old_06])
+    assert not spoiling_first_lines(
+        [cell("# Solution to exercise 1 (expand to read)\nx", hidden=True)]
+    )
+    solution = cell(
+        "# Solution to exercise 1 (expand to read)\nwith memory.measure('cpu') as m: run()",
+        hidden=True,
+    )
+    told = cell(
+        "answer = ...\ncheck_peak(answer)", "Not yet: try with memory.measure('cpu') as m: run()"
+    )
+    assert spoiling_outputs([told, solution])
+    assert spoiling_outputs([cell("answer = 3\ncheck_peak(answer)", "Passed: the peak"), solution])
+    assert not spoiling_outputs(
+        [cell("answer = ...\ncheck_peak(answer)", "Not answered yet"), solution]
+    )
