@@ -31,7 +31,7 @@ MINUTES: dict[str, int] = {
     "05_out_of_memory.ipynb": 100,
     "05a_where_memory_goes.ipynb": 70,
     "06_mixed_precision_and_cudnn.ipynb": 80,
-    "07_capstone_make_it_fit.ipynb": 55,
+    "07_capstone_make_it_fit.ipynb": 45,
     "08_sharding.ipynb": 145,
 }
 # END MINUTES
