@@ -25,7 +25,7 @@ RELEASE = "v0.1.0"
 MINUTES: dict[str, int] = {
     "00_start_here.ipynb": 35,
     "01_moving_tensors.ipynb": 70,
-    "02_creating_tensors_on_the_right_device.ipynb": 45,
+    "02_creating_tensors_on_the_right_device.ipynb": 35,
     "03_data_parallelism.ipynb": 105,
     "04_model_parallelism.ipynb": 55,
     "05_out_of_memory.ipynb": 100,
