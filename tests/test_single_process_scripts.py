@@ -39,3 +39,30 @@ def test_cuda_visible_devices_checks_what_each_child_sees():
     assert run.returncode == 0, run.stderr
     assert "CUDA_VISIBLE_DEVICES=''       -> 0 GPU(s)" in run.stdout
     assert run.stdout.strip().splitlines()[-1].startswith("Checked: ")
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("child", "why"),
+    [
+        (lambda setting: (None, []), "the child found CUDA_VISIBLE_DEVICES=None"),
+        (lambda setting: (setting, ["GPU-hidden"]), "expected []"),
+    ],
+    ids=["a child without its setting", "a GPU that the setting should hide"],
+)
+def test_cuda_visible_devices_fails_when_a_child_sees_the_wrong_thing(
+    monkeypatch, capsys, child, why
+):
+    """02's check moved into the script (issue 20 §5): it must still be able to fail."""
+    script = _script("cuda_visible_devices.py")
+    monkeypatch.setattr(script, "visible_gpus", child)
+    assert script.main() == 1
+    assert why in capsys.readouterr().err
