@@ -6,12 +6,14 @@ Each gets its own here, from what the grader saw: its forward and backward passe
 autocast dtype, the step at which it ran out of memory.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
 
 from tutorial_utils.exercises import reset_attempts
-from tutorial_utils.exercises.capstone import CapstoneTask, grade, solution_step
+from tutorial_utils.exercises.capstone import CapstoneTask, _advice, grade, solution_step
 from tutorial_utils.models import MLP, TinyTransformer, mlp_batch, token_batch
 
 
@@ -146,3 +148,29 @@ def test_solution_step_passes_on_the_capstone_model_and_refuses_another():
     with pytest.raises(ValueError, match="TinyTransformer"):
         model = make_model()
         solution_step(model, torch.optim.Adam(model.parameters()), X, Y)
+
+
+def _profile(forwards, backwards, autocast=None, checkpointed=False):
+    return SimpleNamespace(
+        forwards=forwards, backwards=backwards, autocast=autocast, checkpointed=checkpointed
+    )
+
+
+def test_each_kind_of_attempt_gets_its_own_hint_and_fix():
+    """The hint is chosen from what the attempt did; no two kinds share one (issue 20 §6: 07's
+    4 micro-batches and its tight-budget exercise, both out of memory at step 2, shared one)."""
+    kinds = {
+        "plain": (_profile(1, 1), 1),
+        "bf16 alone": (_profile(1, 1, autocast=torch.bfloat16), 1),
+        "checkpointing alone": (_profile(1, 1, checkpointed=True), 1),
+        "one graph over 8 micro-batches": (_profile(8, 1), 1),
+        "4 micro-batches, out at step 2": (_profile(4, 4), 2),
+        "4 checkpointed micro-batches, out at step 2": (_profile(4, 4, checkpointed=True), 2),
+        "4 micro-batches, out at step 1": (_profile(4, 4), 1),
+        "4 checkpointed micro-batches, out at step 1": (_profile(4, 4, checkpointed=True), 1),
+    }
+    advice = {name: _advice(profile, step) for name, (profile, step) in kinds.items()}
+    assert len({hint for hint, _ in advice.values()}) == len(kinds), advice
+    assert "checkpointing is on already" in advice["4 checkpointed micro-batches, out at step 2"][1]
+    assert "or checkpointing on top" in advice["4 micro-batches, out at step 2"][1]
+    assert _advice(None, 1) == advice["plain"]  # nothing measured: the general hint

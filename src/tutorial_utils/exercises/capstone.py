@@ -385,15 +385,18 @@ def _advice(profile: _Profile | None, oom_step: int | None) -> tuple[str, str]:
         )
     if k == 1:
         return _HINT, _FIX
-    more = "more micro-batches (twice as many halve the activations alive at once)" + (
-        "" if profile.checkpointed else ", or checkpointing on top of them"
-    )
+    if profile.checkpointed:
+        more = "more micro-batches (checkpointing is on already): twice as many halve the "
+        more += "activations alive at once"
+    else:
+        more = "more micro-batches (twice as many halve the activations alive at once), or "
+        more += "checkpointing on top of them"
+    how = f"{k} micro-batches" + (", checkpointed," if profile.checkpointed else "")
     if oom_step is not None and oom_step > 1:
         return (
-            f"with {k} micro-batches step 1 fit and step {oom_step} did not: what exists from "
-            "step 2 on that step 1 did not have? (Adam's state, made by the first "
-            "optimizer.step(): 2 floats per parameter.) The activations alive at once must "
-            "shrink further",
+            f"with {how} step 1 fit and step {oom_step} did not: what exists from step 2 on "
+            "that step 1 did not have? (Adam's state, made by the first optimizer.step(): 2 "
+            "floats per parameter.) The activations alive at once must shrink further",
             more,
         )
     done = "with checkpointing, " if profile.checkpointed else ""
