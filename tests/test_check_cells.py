@@ -132,7 +132,8 @@ def _cell(prefix: str, markers: tuple[str, ...]) -> str:
     """The one code cell of notebook ``prefix`` that contains one of ``markers`` (a line of the
     check as it is now, and as it was before issue 20, so the same case runs on both)."""
     found = [src for src in _code_cells(prefix) if any(m in src for m in markers)]
-    assert len(found) == 1, f"{len(found)} cells of notebook {prefix} contain one of {markers}"
+    if len(found) != 1:  # not an AssertionError: that would pass for the mutation's own
+        raise LookupError(f"{len(found)} cells of notebook {prefix} contain one of {markers}")
     return _python(found[0])
 
 
@@ -149,39 +150,21 @@ def _doctor_misreads_the_build():
     return {"report": DoctorReport([Check("GPUs", "missing", wrong)]), "devices": devices}
 
 
-def _child_never_got_its_setting():
-    return {"settings": [""], "seen": {"": []}, "child_saw": {"": None}, "caps": _cpu()}
+def _new_zeros_ignores_the_device(monkeypatch):
+    real = torch.Tensor.new_zeros
+    on_cpu = lambda self, *a, **k: real(torch.zeros((), dtype=self.dtype), *a, **k)  # noqa: E731
+    monkeypatch.setattr(torch.Tensor, "new_zeros", on_cpu)
+    return {"other": torch.device("meta")}
 
 
-def _new_ones_ignores_the_device(monkeypatch):
-    monkeypatch.setattr(torch.Tensor, "new_ones", lambda self, *shape: torch.ones(*shape))
-    pair = types.SimpleNamespace(stand_ins=True)
-    parts = [torch.zeros(2), torch.zeros(2)]
-    return {"pair": pair, "parts": parts, "followers": [p.new_ones(3) for p in parts]}
-
-
-def _module_computes_wrong_values():
-    class Following(torch.nn.Module):  # forgets its offset
-        def __init__(self, features: int):
-            super().__init__()
-            self.scale = torch.nn.Parameter(torch.ones(features))
-
-        def forward(self, x):
-            return x * self.scale + 1
-
-    x = torch.randn(3, 4, device="meta")
-    module = Following(4).to("meta")
-    module.register_buffer("offset", torch.zeros(4, device="meta"))
-    leaky = types.SimpleNamespace(offset=torch.zeros(4))
-    return {
-        "x": x,
-        "y": module(x),
-        "y64": torch.zeros(1, dtype=torch.float64),
-        "following_module": module,
-        "leaky": leaky,
-        "other": torch.device("meta"),
-        "Following": Following,
-    }
+def _buffers_ignore_persistent(monkeypatch):
+    real = torch.nn.Module.register_buffer
+    monkeypatch.setattr(
+        torch.nn.Module,
+        "register_buffer",
+        lambda self, name, tensor, persistent=True: real(self, name, tensor, persistent=True),
+    )
+    return {"nn": torch.nn, "other": torch.device("meta")}
 
 
 def _launch_built_a_wrong_command():
@@ -256,16 +239,6 @@ def _autocast_changes_nothing():
 
 def _deterministic_mode_does_nothing():
     return {"put_error": None, "fresh": torch.zeros(4), "caps": _cpu()}
-
-
-def _grader_misreads_the_peak():
-    return {
-        "mine": types.SimpleNamespace(peak_bytes=10 * 2**20),
-        "result": types.SimpleNamespace(peak_bytes=1, losses=(2.0, 1.0)),
-        "BUDGET": 16 * 2**20,
-        "my_losses": [2.0, 1.0],
-        "format_bytes": str,
-    }
 
 
 def _pinning_per_batch_pays():
@@ -346,20 +319,15 @@ MUTATIONS = {
         ("benchmark=True should pay a search",),
         _cudnn_search_that_costs_nothing,
     ),
-    "02 child without its setting": (
+    "02 new_zeros ignores the device": (
         "02",
-        ('assert seen[""] == []',),
-        _child_never_got_its_setting,
+        ("src.new_zeros(3, dtype=torch.int32)",),
+        _new_zeros_ignores_the_device,
     ),
-    "02 new_ones ignores the device": (
-        "02",
-        ("f.device == p.device",),
-        _new_ones_ignores_the_device,
-    ),
-    "02 module values wrong on meta": (
+    "02 persistent=False is ignored": (
         "02",
         ("persistent=False buffers are not saved",),
-        _module_computes_wrong_values,
+        _buffers_ignore_persistent,
     ),
     "03 launch's command is wrong": ("03", ("without_logs = [",), _launch_built_a_wrong_command),
     "04 backward never pipelines": (
@@ -381,11 +349,6 @@ MUTATIONS = {
         "06",
         ("torch.isnan(fresh)", '"switched back off"'),
         _deterministic_mode_does_nothing,
-    ),
-    "07 the grader misreads the peak": (
-        "07",
-        ("my_losses[-1] < my_losses[0]", "assert result.peak_bytes <= BUDGET"),
-        _grader_misreads_the_peak,
     ),
 }
 

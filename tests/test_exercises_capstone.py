@@ -359,19 +359,36 @@ def test_an_untouched_step_is_not_an_attempt(task):
     reset_attempts()
 
 
-def test_notebook_07_grades_its_demo_apart_from_the_learners_step(task):
-    """Issue 25: the demo (too_large_step) and the learner's "your turn" step shared one attempt
-    key, so the learner's first edit was attempt 3 and got the full fix."""
+def test_notebook_07_grades_each_exercise_under_its_own_name(task):
+    """Issue 25: a demo and the learner's "your turn" step shared one attempt key, so the
+    learner's first edit was attempt 3 and got the full fix. Every grade() in 07 but the task's
+    own names its exercise, so each one's first wrong answer gets a hint."""
     import json
+    import re
     from pathlib import Path
 
     nb = Path(__file__).resolve().parent.parent / "notebooks" / "07_capstone_make_it_fit.ipynb"
     cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
-    demo = [c for c in cells if "grade(too_large_step" in c]
-    assert len(demo) == 1 and "grade(too_large_step, task, exercise=" in demo[0], demo
+    calls = [m for c in cells for m in re.findall(r"grade\((\w+), (\w+)(, exercise=[^,)]+)?", c)]
+    untagged = {(step, on) for step, on, named in calls if not named}
+    assert untagged == {("train_step", "task")}, calls
     reset_attempts()
     assert grade(plain, task).feedback.attempt == 1  # "your turn", run as shipped
-    demo = grade(lambda *a: micro(*a, scale=False), task, exercise="demo: forgot / k").feedback
-    assert not demo.passed and demo.attempt == 1
+    other = grade(lambda *a: micro(*a, scale=False), task, exercise="another").feedback
+    assert not other.passed and other.attempt == 1
     assert grade(plain, task).feedback.attempt == 2  # the learner's first edit: not 3
     reset_attempts()
+
+
+def test_the_graders_peak_is_what_memory_measure_sees_of_the_same_steps(task):
+    """07 used to check this in a cell after the solution: the grader measures the steps as a
+    learner measuring them with memory.measure would, within 5% of the budget."""
+    result = grade(micro, task)
+    model, optimizer = task.new_run()
+    with memory.measure("cpu") as mine:
+        losses = [micro(model, optimizer, task.tokens, task.labels) for _ in range(task.steps)]
+    del model, optimizer
+    assert mine.peak_bytes <= task.budget_bytes, "measured apart from the grader, it fits"
+    copies = task.tokens.nbytes + task.labels.nbytes  # the step gets its own copy of the batch
+    assert abs(mine.peak_bytes + copies - result.peak_bytes) <= 0.05 * task.budget_bytes
+    assert losses[-1] < losses[0], "and the loss falls"

@@ -144,7 +144,10 @@ WRONG_ANSWERS = {
     "tensor_bytes: mock.ANY": ("rejected", lambda t: start.check_tensor_bytes(mock.ANY)),
     "tensor_bytes: int equal to all": ("rejected", lambda t: start.check_tensor_bytes(EqInt(1))),
     "tensor_bytes: NaN": ("rejected", lambda t: start.check_tensor_bytes(NAN)),
-    "matmul_peak: int equal to all": ("rejected", lambda t: start.check_matmul_peak(EqInt(0))),
+    "matmul_peak: int equal to all": (
+        "rejected",
+        lambda t: start.check_matmul_peak(lambda: EqInt(0)),
+    ),
     "move_batch: non-tensors become mock.ANY": (
         "passed",
         lambda t: moving.check_move_batch(move_non_tensors_to_any),

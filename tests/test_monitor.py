@@ -85,18 +85,26 @@ def test_reading_parts_in_binary_units():
     ]
     assert r.parts(peak_bytes=4 * GiB)[3] == ("peak", "peak 4.00 GiB")
     assert Reading("x").parts() == []
-    # a process's CPU % is of one core (142% = its threads used 1.42 cores): say so
+    # a process's CPU % is of one core (142% = its threads used 1.42 cores): shown in cores
+    # (issue 20 §6: "142% busy" read as more than the machine)
     assert Reading("process", utilization_pct=142, utilization_of="one core").parts() == [
-        ("busy", "142% of one core")
+        ("busy", "1.4 cores busy")
+    ]
+    assert Reading("p", utilization_pct=100, utilization_of="one core").parts()[0][1] == (
+        "1.0 core busy"
+    )
+    assert Reading("system", utilization_pct=15, utilization_of="2 cores").parts() == [
+        ("busy", "15% of 2 cores")
     ]
 
 
-def test_the_process_row_says_its_cpu_percent_is_of_one_core():
+def test_the_process_row_shows_its_cpu_in_cores_and_the_system_row_of_all_cores():
     src = PsutilSource()
     src.open()
     process, system = src.read()
-    assert process.utilization_of == "one core" and system.utilization_of == ""
-    assert any(text.endswith("% of one core") for _, text in process.parts())
+    assert process.utilization_of == "one core" and system.utilization_of.endswith(" cores")
+    assert any(text.endswith(" busy") and "%" not in text for _, text in process.parts())
+    assert any(text.endswith(system.utilization_of) for _, text in system.parts())
 
 
 def test_nvml_without_a_driver_is_absent_not_broken():
@@ -312,3 +320,21 @@ def test_gputil_missing_nvidia_smi_is_said_not_hidden(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # GPUtil alone would answer "no GPU"
     with pytest.raises(SourceError, match="nvidia-smi could not be run"):
         monitor.gputil_gpus()
+
+
+@pytest.mark.parametrize(
+    ("cause", "absent"),
+    [("NVMLError_LibraryNotFound", True), ("NVMLError_DriverNotLoaded", True), ("Other", False)],
+)
+def test_nvml_on_a_machine_without_an_nvidia_gpu_is_absent_not_an_error(monkeypatch, cause, absent):
+    """Issue 20 §6: a CPU machine where NVML's library is installed but no driver is loaded got
+    a red "unavailable" row; that machine simply has no NVIDIA GPU. A real failure stays red."""
+    from tutorial_utils import monitor, nvml
+
+    def init(timeout_s):
+        raise nvml.NvmlError("NVML failed to start") from type(cause, (Exception,), {})()
+
+    monkeypatch.setattr(monitor.nvml, "init", init)
+    src = monitor.NvmlSource()
+    src.open()
+    assert not src.available and src.absent is absent

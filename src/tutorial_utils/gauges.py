@@ -24,7 +24,8 @@ VS Code and Colab.
 Each row is one device (or the process / system for psutil): a bar filled to the used bytes
 (dark) and the reserved bytes (light, torch on CUDA), a red marker at the peak, and the numbers
 in binary units. The bar's full width is the device's total memory when the source knows it,
-otherwise the row's peak.
+otherwise twice the row's highest value so far (doubled when outgrown), so it moves as memory
+climbs.
 
 How it behaves:
 
@@ -37,11 +38,12 @@ How it behaves:
 * At most ``MAX_RUNNING`` (16) gauges sample at once; starting one more is an error that
   says to stop one.
 * A source this machine does not have (no NVIDIA driver on a CPU machine) says so in grey,
-  ``not on this machine: ...``. A source that fails (NVML failing mid-run, a broken
-  ``nvidia-smi``, a psutil error, a reading that is not a list of well-formed ``Reading``
-  values) shows ``unavailable: <reason>`` in its row; the others keep going. Any other error
-  in the thread -- even one that ends it -- shows at the top of the widget and in
-  ``gauge.error``. The thread never prints: since ipykernel 7, a thread's prints land in
+  ``not on this machine`` (the reason on hover), never in red. A source that fails (NVML
+  failing mid-run, a broken ``nvidia-smi``, a psutil error, a reading that is not a list of
+  well-formed ``Reading`` values) shows ``unavailable: <reason>`` in its row; the others keep
+  going. Any other error in the thread -- even one that ends it -- shows at the top of the
+  widget and in ``gauge.error``. The thread never prints: since ipykernel 7, a thread's
+  prints land in
   whichever cell ran last.
 * Headless (nbval, nbconvert): the text form of the display is constant
   (``LiveGauge(period 200 ms; sources torch, nvml, psutil)``), so strict comparison passes.
@@ -137,6 +139,7 @@ class _Row:
     bar: str = ""  # the row's HTML as last drawn
     text: str = ""
     absent: bool = False  # its source is not on this machine (see Source.absent)
+    scale: int = 0  # full width of the bar, for a row without a total (see _bar_scale)
 
 
 def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) -> str:
@@ -163,11 +166,26 @@ def _bar_html(used: float, reserved: float, peak: float, muted: bool = False) ->
     )
 
 
+def _bar_scale(row: _Row, reading: Reading) -> int:
+    """The bytes a row's full bar stands for: the device's total when the source knows it.
+
+    Otherwise (the exact CPU tensor count has no total) an auto-range: twice the highest value
+    so far, doubled again whenever the row outgrows it. A scale of "the peak so far" kept the
+    bar full the whole time memory climbed; this one moves with it.
+    """
+    if reading.total_bytes:
+        return reading.total_bytes
+    need = max(row.peak_bytes, reading.reserved_bytes or 0, reading.used_bytes or 0, 1)
+    if row.scale < need:
+        row.scale = 2 * need
+    return row.scale
+
+
 def _row_text(reading: Reading | None, peak: int, error: str, absent: bool = False) -> str:
-    if error and absent:  # e.g. no NVIDIA driver on a CPU machine: normal, said calmly
+    if error and absent:  # e.g. no NVIDIA driver on a CPU machine: normal, said in a word
         return (
-            '<span class="tu-gauge-text" style="color:#777">'
-            f"not on this machine: {html.escape(error)}</span>"
+            '<span class="tu-gauge-text" style="color:#777" '
+            f'title="{html.escape(error)}">not on this machine</span>'
         )
     if error:
         return (
@@ -222,6 +240,24 @@ def _checked(readings: object) -> list[Reading]:
         if not isinstance(r.note, str) or not isinstance(r.utilization_of, str):
             raise SourceError(f"malformed reading for {r.label!r}: note={r.note!r} is not text")
     return list(readings)
+
+
+def _changed_window(
+    by_label: dict[str, list[Sample]], base: dict[str, int], period_s: float
+) -> tuple[float, float]:
+    """The time axis of a plot: from two periods before the first sample that differs from its
+    row's first one (the time before the code ran, say reading the previous cell, is cut off)
+    to the last sample. The whole recording when nothing changed."""
+    first = min(ss[0].t_s for ss in by_label.values())
+    last = max(ss[-1].t_s for ss in by_label.values())
+    changes = [
+        s.t_s
+        for label, ss in by_label.items()
+        for s in ss
+        if (s.used_bytes or 0) != base[label] or (s.peak_bytes or 0) > base[label]
+    ]
+    start = max(first, min(changes) - 2 * period_s) if changes else first
+    return start, max(last, start + period_s)
 
 
 def _run(ref: weakref.ref, stop: threading.Event, schedule: _Schedule) -> None:
@@ -376,7 +412,7 @@ class LiveGauge:
             if row.error or r is None or r.used_bytes is None:
                 row.bar = _bar_html(0, 0, 0, muted=True)
             else:
-                scale = r.total_bytes or max(row.peak_bytes, r.reserved_bytes or 0, r.used_bytes, 1)
+                scale = _bar_scale(row, r)
                 row.bar = _bar_html(
                     r.used_bytes / scale, (r.reserved_bytes or 0) / scale, row.peak_bytes / scale
                 )
@@ -489,7 +525,7 @@ class LiveGauge:
             self._samples.clear()
             self.error = ""
             for row in self._rows.values():
-                row.last, row.error, row.peak_bytes = None, "", 0
+                row.last, row.error, row.peak_bytes, row.scale = None, "", 0, 0
             # A gauge forgotten while running (reassigned, deleted) still closes its sources when
             # it is collected: the CPU tracker's dispatch mode must not stay on forever. (The
             # tracker comes off the notebook's thread even when this runs in the sampling one.)
@@ -566,11 +602,13 @@ class LiveGauge:
             return {row.label: row.peak_bytes for row in self._rows.values() if row.peak_bytes}
 
     def plot(self, labels: Sequence[str] | None = None, ax: Any = None) -> Any:
-        """Draw the recorded timeline (used bytes per row over time), each row's peak marked.
+        """Draw the recorded timeline, scaled to what changed: each row's used bytes *above its
+        first sample*, from just before the first change to the end, each row's peak marked.
 
-        Rows with an exact allocator peak also get a dashed line at that peak: where it sits
-        above the sampled curve, the poller missed a spike. Returns the matplotlib Axes; end
-        the notebook line with ``;``.
+        ``labels``: the rows to draw; by default every row but psutil's ``system`` (the whole
+        machine, whose other processes would set the scale). Rows with an exact allocator peak
+        also get a dashed line at that peak: where it sits above the sampled curve, the poller
+        missed a spike. Returns the matplotlib Axes; end the notebook line with ``;``.
         """
         # Deferred: pyplot takes a moment to import and picks a backend; only plots need it.
         import matplotlib.pyplot as plt
@@ -582,12 +620,19 @@ class LiveGauge:
             )
         by_label: dict[str, list[Sample]] = {}
         for s in samples:
-            if s.used_bytes is not None and (labels is None or s.label in labels):
+            wanted = s.label != "system" if labels is None else s.label in labels
+            if s.used_bytes is not None and wanted:
                 by_label.setdefault(s.label, []).append(s)
         if not by_label:
             recorded = sorted({s.label for s in samples})
             raise ValueError(f"no samples for {list(labels or [])}; recorded rows: {recorded}")
-        top = max(max(s.used_bytes or 0, s.peak_bytes or 0) for ss in by_label.values() for s in ss)
+        base = {label: ss[0].used_bytes or 0 for label, ss in by_label.items()}
+        window = _changed_window(by_label, base, self.period_s)
+        top = max(
+            max((s.used_bytes or 0) - base[label], (s.peak_bytes or 0) - base[label], 1)
+            for label, ss in by_label.items()
+            for s in ss
+        )
         unit_name, unit = next(
             ((n, 2.0**p) for n, p in (("GiB", 30), ("MiB", 20), ("KiB", 10)) if top >= 2.0**p),
             ("B", 1.0),
@@ -595,15 +640,17 @@ class LiveGauge:
         own_figure = ax is None
         if ax is None:
             _, ax = plt.subplots(figsize=(8, 3.5))
+        bottom = 0.0
         for label, ss in by_label.items():
             t = [s.t_s for s in ss]
-            y = [(s.used_bytes or 0) / unit for s in ss]
+            y = [((s.used_bytes or 0) - base[label]) / unit for s in ss]
+            bottom = min(bottom, *y)
             (line,) = ax.plot(t, y, label=label, lw=1.4)
             k = max(range(len(y)), key=y.__getitem__)
             ax.plot([t[k]], [y[k]], marker="v", color=line.get_color(), ms=8)
-            right = t[k] > 0.6 * t[-1]  # keep the label inside the axes
+            right = t[k] > window[0] + 0.6 * (window[1] - window[0])  # keep the label inside
             ax.annotate(
-                f"sampled peak {format_bytes(ss[k].used_bytes)}",
+                f"sampled peak +{format_bytes(ss[k].used_bytes - base[label])}",
                 (t[k], y[k]),
                 textcoords="offset points",
                 xytext=(-6 if right else 6, 6),
@@ -614,16 +661,17 @@ class LiveGauge:
             exact = max((s.peak_bytes or 0) for s in ss)
             if exact:
                 ax.axhline(
-                    exact / unit,
+                    (exact - base[label]) / unit,
                     color=line.get_color(),
                     ls="--",
                     lw=1,
-                    label=f"{label}: allocator peak {format_bytes(exact)}",
+                    label=f"{label}: allocator peak +{format_bytes(exact - base[label])}",
                 )
-        ax.set_xlabel("time since start (s)")
-        ax.set_ylabel(f"memory ({unit_name})")
+        ax.set_xlabel("time since the gauge started (s)")
+        ax.set_ylabel(f"memory above the first sample ({unit_name})")
         ax.set_title(f"LiveGauge timeline, one sample every {self.period_s * 1000:.0f} ms")
-        ax.set_ylim(0, 1.15 * top / unit)  # room for the peak labels
+        ax.set_xlim(*window)
+        ax.set_ylim(min(bottom * 1.15, 0.0), 1.15 * top / unit)  # room for the peak labels
         ax.legend(fontsize=8, loc="best")
         if own_figure:
             ax.figure.tight_layout()

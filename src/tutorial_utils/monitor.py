@@ -83,7 +83,8 @@ class Reading:
     utilization_pct: float | None = None  # GPU busy %, or CPU % for psutil rows
     note: str = ""  # a short remark shown after the numbers
     # What 100% means, when it is not the whole device: "one core" for a process's CPU %,
-    # which goes above 100 when its threads use several cores ("142% of one core").
+    # which goes above 100 when its threads use several cores: shown as cores ("1.4 cores
+    # busy"), never as "142% busy"; "N cores" for the whole machine ("15% of 2 cores").
     utilization_of: str = ""
 
     def parts(self, peak_bytes: int | None = None) -> list[tuple[str, str]]:
@@ -103,7 +104,10 @@ class Reading:
         if peak:
             parts.append(("peak", f"peak {format_bytes(peak)}"))
         if self.utilization_pct is not None:
-            if self.utilization_of:
+            if self.utilization_of == "one core":
+                cores = self.utilization_pct / 100.0
+                parts.append(("busy", f"{cores:.1f} core{'' if cores == 1 else 's'} busy"))
+            elif self.utilization_of:
                 parts.append(("busy", f"{self.utilization_pct:.0f}% of {self.utilization_of}"))
             else:
                 parts.append(("busy", f"{self.utilization_pct:.0f}% busy"))
@@ -246,6 +250,10 @@ class TorchSource(Source):
 # --------------------------------------------------------------------------- NVML
 
 
+# NVML's errors that mean "this machine has no NVIDIA GPU to watch", not "something broke"
+_NO_NVIDIA_GPU = ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded")
+
+
 class NvmlSource(Source):
     """NVML via ``nvidia-ml-py``: memory used / total and utilization per physical GPU.
 
@@ -271,8 +279,9 @@ class NvmlSource(Source):
             nvml.init(self.timeout_s)
         except RuntimeError as exc:
             self.available, self.reason = False, str(exc)
-            # no NVIDIA driver at all (a CPU machine): nothing is wrong
-            self.absent = type(exc.__cause__).__name__ == "NVMLError_LibraryNotFound"
+            # no NVIDIA driver at all (a CPU machine), or its library without a loaded driver
+            # (a CPU machine with the package installed): nothing is wrong
+            self.absent = type(exc.__cause__).__name__ in _NO_NVIDIA_GPU
             return
         self._opened = True
         try:
@@ -477,8 +486,9 @@ class PsutilSource(Source):
     """psutil: this process's RSS and CPU %, and system memory used / total and CPU %.
 
     CPU % is measured between two reads (the first read after ``open()`` covers the time since
-    ``open()``); 100% is one full core for the process row (shown as "% of one core": it goes
-    past 100 when the process's threads share the work), all cores for the system row.
+    ``open()``); 100% is one full core for the process row (shown in cores, "1.4 cores busy": it
+    goes past one when the process's threads share the work), all cores for the system row
+    ("15% of 2 cores").
     """
 
     name = "psutil"
@@ -526,6 +536,7 @@ class PsutilSource(Source):
                 used_bytes=int(vm.total - vm.available),
                 total_bytes=int(vm.total),
                 utilization_pct=sys_cpu,
+                utilization_of=_cores(),
             ),
         ]
 
@@ -536,6 +547,12 @@ class PsutilSource(Source):
         last_cpu, last_wall = self._cpu_mark
         self._cpu_mark = (cpu, wall)
         return 100.0 * (cpu - last_cpu) / (wall - last_wall) if wall > last_wall else 0.0
+
+
+def _cores() -> str:
+    """What 100% of the system row's CPU means: "2 cores" (all of them)."""
+    n = os.cpu_count() or 1
+    return f"{n} core{'s' if n != 1 else ''}"
 
 
 # --------------------------------------------------------------------------- factory

@@ -128,18 +128,20 @@ def placeholder(value: object, *, zero: bool = False) -> str | None:
     """How ``value`` shows it is still an exercise's placeholder, or ``None`` when it is an answer.
 
     Placeholders are what the notebooks' TODO cells hold: ``...``, ``None``, a string starting
-    with ``TODO`` (or an empty one), a function whose body only returns ``None`` (``pass``,
-    ``...``), a non-empty dict whose values are all placeholders (``{70000.0: "TODO"}``), and,
-    with ``zero=True``, a bare ``0`` (an exercise that starts from ``answer = 0``). Anything
-    the learner computed is an answer, right or wrong: a function with a body, ``0.0``, ``5``.
+    with ``TODO`` (or an empty one, or ``"..."`` typed as text), a function whose body only
+    returns ``None`` (``pass``, ``...``), a non-empty dict whose values are all placeholders
+    (``{70000.0: "TODO"}``), and, with ``zero=True``, a bare ``0`` (an exercise that starts
+    from ``answer = 0``). Anything the learner computed is an answer, right or wrong: a
+    function with a body, ``0.0``, ``5``.
     """
     if value is Ellipsis:
         return "`...`"
     if value is None:
         return "None"
-    if isinstance(value, str):
+    if isinstance(value, str):  # "TODO", "", and the ellipsis typed as text ("...", "…")
         text = value.strip()
-        return repr(value) if not text or text.upper().startswith("TODO") else None
+        untouched = not text or text.upper().startswith("TODO") or text in ("...", "\u2026")
+        return repr(value) if untouched else None
     if zero and type(value) is int and value == 0:
         return "0"
     if isinstance(value, types.FunctionType) and _does_nothing(value):

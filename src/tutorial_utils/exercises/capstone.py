@@ -49,13 +49,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .. import accounting, memory
 from ..units import format_bytes
 from . import Feedback, checker
 from .answers import Given, checker_device, describe, finite_number, tensor_number, whole_number
 
-__all__ = ["CapstoneTask", "Grade", "check_fastest_fit", "grade", "reference_gradients"]
+__all__ = [
+    "CapstoneTask",
+    "Grade",
+    "check_fastest_fit",
+    "grade",
+    "reference_gradients",
+    "measure_combinations",
+    "solution_step",
+]
 
 
 @dataclass(frozen=True)
@@ -284,6 +293,130 @@ class _Autocast:
             handle.remove()
 
 
+class _Profile:
+    """What one call of the step did, seen from hooks on the model: the facts the hint is chosen by.
+
+    ``forwards``: forward passes of the model (its root module, or, when the step runs the
+    pieces itself, its busiest direct child) outside backward, i.e. the micro-batches;
+    ``recomputed``: forward passes run inside backward (activation checkpointing);
+    ``backwards``: backward passes that reached the parameters (one per ``backward()`` call);
+    ``autocast``: the autocast dtype its forward ran under (``None``: none).
+    """
+
+    def __init__(self, model: nn.Module, device_type: str):
+        self.device_type = device_type
+        # ids, not modules: the profile outlives the model, which must not stay alive for it
+        self.root = id(model)
+        self.children = [id(m) for _, m in model.named_children()]
+        self.counts: dict[int, int] = {}
+        self.recomputed = 0
+        self.backwards = 0
+        self.autocast: torch.dtype | None = None
+        self.handles = [m.register_forward_pre_hook(self._forward) for m in model.modules()]
+        first = next((p for p in model.parameters() if p.requires_grad), None)
+        if first is not None:
+            self.handles.append(first.register_post_accumulate_grad_hook(self._backward))
+
+    def _forward(self, module: nn.Module, _args) -> None:
+        if self.autocast is None and torch.is_autocast_enabled(self.device_type):
+            self.autocast = torch.get_autocast_dtype(self.device_type)
+        if torch._C._current_graph_task_id() != -1:  # inside backward: a recomputation
+            self.recomputed += 1
+            return
+        self.counts[id(module)] = self.counts.get(id(module), 0) + 1
+
+    def _backward(self, _param) -> None:
+        self.backwards += 1
+
+    @property
+    def forwards(self) -> int:
+        root = self.counts.get(self.root, 0)
+        return root or max((self.counts.get(i, 0) for i in self.children), default=0)
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.recomputed > 0
+
+    def describe(self) -> str:
+        """The step in a few measured words: "4 forward passes, 4 backward calls, fp32"."""
+        f, b = self.forwards, self.backwards
+        parts = [
+            f"{f} forward pass{'es' if f != 1 else ''}",
+            f"{b} backward call{'s' if b != 1 else ''}",
+            str(self.autocast).replace("torch.", "") + " autocast" if self.autocast else "fp32",
+        ]
+        if self.checkpointed:
+            parts.append("checkpointed")
+        return ", ".join(parts)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _advice(profile: _Profile | None, oom_step: int | None) -> tuple[str, str]:
+    """The hint and the fix that fit what the step did (``profile``, from its unbudgeted call)
+    and when it ran out of memory (``oom_step``, 1-based; ``None``: it did not)."""
+    if profile is None or profile.forwards == 0:
+        return _HINT, _FIX
+    k, backwards = profile.forwards, profile.backwards
+    dtype = str(profile.autocast).replace("torch.", "")
+    if k > 1 and backwards == 1:
+        return (
+            "a micro-batch's activations stay alive until a backward pass runs through them: "
+            f"with {k} forward passes and one backward, how many micro-batches are alive at once?",
+            "call backward() on each micro-batch's loss (divided by k) inside the loop, which "
+            "frees its activations at once, and add up loss.item() for the value you return",
+        )
+    if k == 1 and profile.autocast is not None:
+        return (
+            f"{dtype} autocast halves what is saved for backward, and that is not enough here: "
+            "what else makes fewer activations alive at once?",
+            "split the batch into k micro-batches (each loss divided by k, backward on each, "
+            "one optimizer step), with or without autocast and checkpointing",
+        )
+    if k == 1 and profile.checkpointed:
+        return (
+            "checkpointing keeps only each layer's input, but for the whole batch at once: what "
+            "shrinks the batch one pass works on?",
+            "split the batch into k micro-batches (each loss divided by k, backward on each, "
+            "one optimizer step), and keep the checkpointing",
+        )
+    if k == 1:
+        return _HINT, _FIX
+    if profile.checkpointed:
+        more = "more micro-batches (checkpointing is on already): twice as many halve the "
+        more += "activations alive at once"
+    else:
+        more = "more micro-batches (twice as many halve the activations alive at once), or "
+        more += "checkpointing on top of them"
+    how = f"{k} micro-batches" + (", checkpointed," if profile.checkpointed else "")
+    if oom_step is not None and oom_step > 1:
+        return (
+            f"with {how} step 1 fit and step {oom_step} did not: what exists from step 2 on "
+            "that step 1 did not have? (Adam's state, made by the first optimizer.step(): 2 "
+            "floats per parameter.) The activations alive at once must shrink further",
+            more,
+        )
+    done = "with checkpointing, " if profile.checkpointed else ""
+    return (
+        f"{k} micro-batches, {done}still keep too many activations alive at once: what makes "
+        "each micro-batch's share smaller?",
+        more,
+    )
+
+
+_HINT = (
+    "the activations of the whole batch are what does not fit: what makes fewer of them "
+    "alive at once?"
+)
+_FIX = (
+    "micro-batches with gradient accumulation (divide each loss by k), activation "
+    "checkpointing and bf16 autocast each shrink the activations; combine them"
+)
+
+
 def reference_gradients(task: CapstoneTask, autocast: torch.dtype | None = None) -> list:
     """The plain full-batch gradients of a fresh model: what a correct step must reproduce
     (the forward under ``autocast``, when the step's ran under it)."""
@@ -426,14 +559,8 @@ def _same_parameters(fb: Feedback, model: nn.Module, shapes: list, what: str) ->
 @checker(answers=("train_step",))
 def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     fb = Feedback(f"fit a training step in {format_bytes(task.budget_bytes)} and keep learning")
-    fb.hint(
-        "the activations of the whole batch are what does not fit: what makes fewer of them "
-        "alive at once?"
-    )
-    fb.fix(
-        "micro-batches with gradient accumulation (divide each loss by k), activation "
-        "checkpointing and bf16 autocast each shrink the activations; combine them"
-    )
+    fb.hint(_HINT)
+    fb.fix(_FIX)
     fb.require(
         callable(train_step),
         f"train_step must be a function, not {type(train_step).__name__}",
@@ -449,12 +576,15 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     shapes = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
     counting = _CountingOptimizer(optimizer)
     counting.new_call()
-    autocast = _Autocast(model, task.device.type)
+    profile = _Profile(model, task.device.type)
     try:
         fb.run(step, train_step, model, counting, tokens, labels)
     finally:
-        autocast.remove()
-    seen = autocast.clear()
+        profile.remove()
+    seen = profile.autocast
+    result["profile"] = profile
+    hint, fix = _advice(profile, None)  # refined below once the budgeted calls have run
+    fb.hints[:], fb.fixes[:] = [hint], [fix]
     fb.require(
         seen is None or not result.get("fp32_gradients"),
         f"{step} ran its forward under {str(seen).replace('torch.', '')} autocast: its gradients "
@@ -517,9 +647,14 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
                 losses.append(value)
     except torch.OutOfMemoryError as err:
         first = str(err).strip().splitlines()[0]
+        at = len(losses) + 1
+        hint, fix = _advice(profile, at)
+        fb.hints[:], fb.fixes[:] = [hint], [fix]
+        did = f"; your step: {profile.describe()}" if profile.forwards else ""
+        fit = " (step 1 fit)" if at > 1 else ""
         fb.fail(
-            f"step {len(losses) + 1} ran out of memory: {first}",
-            brief=f"step {len(losses) + 1} ran out of memory",
+            f"step {at} ran out of memory{fit}{did}. {first}",
+            brief=f"step {at} ran out of memory{fit}{did}",
         )
     finally:
         watch.__exit__()
@@ -673,3 +808,72 @@ def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: 
         brief=f"{choice!r} fits, but something that fits is faster",
     )
     return fb
+
+
+# -----------------------------------------------------------------------------
+# The task's worked solution (notebook 07 section 5 measures its options; read it after trying)
+
+
+def solution_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    labels: torch.Tensor,
+    k: int = 4,
+    checkpointed: bool = True,
+    bf16: bool = False,
+) -> float:
+    """One training step of 07's ``TinyTransformer`` in ``k`` micro-batches, each layer of the
+    encoder checkpointed when ``checkpointed``, the forward under bf16 autocast when ``bf16``.
+
+    Each micro-batch's loss is divided by ``k`` and back-propagated at once (which frees its
+    activations), so the gradients add up in ``.grad`` to the full batch's; one optimizer step.
+    Returns the batch's loss.
+    """
+    if not all(hasattr(model, name) for name in ("embed", "encoder", "head")):
+        raise ValueError(
+            "solution_step runs the pieces of notebook 07's TinyTransformer (embed, encoder, "
+            f"head); {type(model).__name__} has other parts"
+        )
+    k = whole_number(k)
+    if k is None or not 1 <= k <= len(tokens):
+        raise ValueError(f"k must be a whole number of micro-batches from 1 to {len(tokens)}")
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for t, y in zip(tokens.chunk(k), labels.chunk(k), strict=True):
+        with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=bool(bf16)):
+            x = model.embed(t)
+            for layer in model.encoder.layers:
+                x = checkpoint(layer, x, use_reentrant=False) if checkpointed else layer(x)
+            logits = model.head(x.mean(dim=1))
+        loss = nn.functional.cross_entropy(logits.float(), y) / k  # 1/k of the batch's loss
+        loss.backward()  # frees this micro-batch's activations; the gradients add up in .grad
+        total += loss.item()
+    optimizer.step()
+    return total
+
+
+def measure_combinations(
+    step: Callable, task: CapstoneTask, combos: dict[str, dict]
+) -> tuple[dict[str, int], dict[str, float]]:
+    """``(peaks, seconds)``: for each named set of options, ``step(model, optimizer, tokens,
+    labels, **options)`` on a fresh run, once to warm up (Adam makes its state), then once
+    measured: its exact peak in bytes (``memory.measure``) and its time in seconds."""
+    import time
+
+    if not isinstance(combos, dict) or not combos:
+        raise ValueError("combos maps a name to the options of one step: {'plain': dict(k=1)}")
+    peaks: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for name, options in combos.items():
+        model, optimizer = task.new_run()
+        step(model, optimizer, task.tokens, task.labels, **options)  # warm-up
+        with memory.measure(task.device) as m:
+            start = time.perf_counter()
+            step(model, optimizer, task.tokens, task.labels, **options)
+            if task.device.type == "cuda":
+                torch.cuda.synchronize(task.device)
+            seconds[name] = time.perf_counter() - start
+        peaks[name] = m.peak_bytes
+        del model, optimizer
+    return peaks, seconds

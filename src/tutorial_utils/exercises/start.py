@@ -11,6 +11,8 @@ from .answers import checker_device, describe, whole_number
 
 __all__ = ["check_matmul_peak", "check_peak_of", "check_tensor_bytes"]
 
+_MiB = 2**20
+
 
 def _bytes_answer(fb: Feedback, answer: object) -> int | None:
     """``answer`` as a whole number of bytes; a required problem on ``fb`` when it is not one."""
@@ -46,15 +48,51 @@ def check_tensor_bytes(answer: object) -> Feedback:
     return fb
 
 
-@checker(answers=("answer",))
-def check_matmul_peak(answer: object) -> Feedback:
-    """Peak bytes above the start of ``torch.randn(512, 256) @ torch.randn(256, 128)`` (float32)."""
-    fb = Feedback("peak of a 512x256 @ 256x128 float32 matmul")
-    a, b, out = 512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4
+_MATMUL = (512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4)  # bytes of a, b and a @ b (float32)
+
+
+@checker(answers=("matmul_peak",))
+def check_matmul_peak(matmul_peak: Callable[[], object]) -> Feedback:
+    """``matmul_peak()``: the peak bytes above the start of ``torch.randn(512, 256) @
+    torch.randn(256, 128)`` (float32), measured.
+
+    The checker calls it twice, each time with 1 MiB of tensors alive that it made itself, so
+    the diagnosis of an answer is the same however often the cell runs and whatever the
+    notebook holds: a peak that forgets the start is always over, never right by luck (issue
+    20 §6: with the answer a number, re-running the cell kept the last run's output alive and
+    changed the diagnosis).
+    """
+    fb = Feedback("matmul_peak() returns the peak above the start of a 512x256 @ 256x128 matmul")
+    a, b, out = _MATMUL
     expected = a + b + out
-    fb.hint("with memory.measure('cpu') as m: ...; then m.peak_bytes - m.start_bytes")
-    fb.fix(f"both inputs and the output are alive at once: {a:,} + {b:,} + {out:,} bytes")
-    value = _bytes_answer(fb, answer)
+    fb.hint(
+        "run the expression inside a memory.measure('cpu') block; section 3 shows which of "
+        "its numbers is the peak above the start"
+    )
+    fb.fix(
+        "with memory.measure('cpu') as m: (the expression); return m.peak_bytes - "
+        f"m.start_bytes: both inputs and the output are alive at once, {a:,} + {b:,} + {out:,} "
+        "bytes"
+    )
+    values = []
+    for _ in range(2):
+        already = torch.ones(_MiB // 4)  # 1 MiB alive before the block, as in any notebook
+        got = fb.run("matmul_peak()", matmul_peak)
+        del already
+        value = whole_number(got)
+        fb.require(
+            value is not None,
+            f"matmul_peak() must return a whole number of bytes, not {describe(got)}",
+            brief="the answer is not a whole number of bytes",
+        )
+        values.append(value)
+    fb.require(
+        values[0] == values[1],
+        f"matmul_peak() returned {values[0]:,} bytes, then {values[1]:,}: measure inside the "
+        "function each time, and keep nothing between calls",
+        brief="matmul_peak() returns a different number each time",
+    )
+    value = values[0]
     if value == out:
         fb.fail(
             "that is only the output; at the peak both inputs are alive too",
@@ -64,6 +102,12 @@ def check_matmul_peak(answer: object) -> Feedback:
         fb.fail(
             "that is only the inputs; the output is allocated while they are alive",
             brief="something else is alive at the peak",
+        )
+    if value > expected:
+        fb.fail(
+            f"{value:,} bytes is more than the block's own peak: it counts tensors alive before "
+            "the block (the checker keeps 1 MiB alive); subtract m.start_bytes",
+            brief="the number counts memory that was alive before the block",
         )
     fb.expect(
         value == expected,
@@ -75,8 +119,6 @@ def check_matmul_peak(answer: object) -> Feedback:
 
 # -----------------------------------------------------------------------------
 # Exercise 3: debug a memory report (PyTorch's peak recipe, and what works without a GPU)
-
-_MiB = 2**20
 
 
 def _block(device: torch.device, mib: int, kept: list, calls: list | None = None):
