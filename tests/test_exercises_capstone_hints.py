@@ -47,10 +47,12 @@ def step(model, optimizer, x, y, k=4, bf16=False, one_graph=False):
 
 
 def _budgets() -> tuple[CapstoneTask, CapstoneTask]:
-    """Two budgets from the grader's own peaks (they count every tensor alive in the process,
-    so they are measured here, not written down). ROOMY: 4 micro-batches fit with 3% to spare,
-    and every attempt below runs out at step 1 (their peaks are at least 1.1x). TIGHT: step 1
-    of 4 micro-batches fits; step 2, which adds Adam's state (2 floats per parameter), not."""
+    """Two budgets from the grader's own peaks. They count every tensor alive in the process,
+    so they are measured right before each test: tensors that earlier tests in the same process
+    left alive count too, and budgets measured once at import drift. ROOMY: 4 micro-batches fit
+    with 3% to spare, and every attempt below runs out at step 1 (their peaks are at least
+    1.1x). TIGHT: step 1 of 4 micro-batches fits; step 2, which adds Adam's state (2 floats per
+    parameter), not."""
     reset_attempts()
     k4 = grade(step, BIG, exercise="budgets").peak_bytes
     others = [
@@ -64,14 +66,19 @@ def _budgets() -> tuple[CapstoneTask, CapstoneTask]:
     return roomy, tight
 
 
-ROOMY, TIGHT = _budgets()
-
-
 @pytest.fixture(autouse=True)
 def _fresh_attempts():
     reset_attempts()
     yield
     reset_attempts()
+
+
+@pytest.fixture
+def budgets():
+    import gc
+
+    gc.collect()
+    return _budgets()
 
 
 def _first_and_second(fn, task):
@@ -81,18 +88,21 @@ def _first_and_second(fn, task):
     return repr(first.feedback), repr(second.feedback)
 
 
-def test_four_micro_batches_fit_the_roomy_budget():
+def test_four_micro_batches_fit_the_roomy_budget(budgets):
+    ROOMY, TIGHT = budgets
     assert grade(step, ROOMY).feedback.passed  # the budgets below separate the attempts
 
 
-def test_bf16_alone_is_told_that_autocast_is_not_enough():
+def test_bf16_alone_is_told_that_autocast_is_not_enough(budgets):
+    ROOMY, TIGHT = budgets
     first, second = _first_and_second(lambda *a: step(*a, k=1, bf16=True), ROOMY)
     assert "step 1 ran out of memory; your step: 1 forward pass, 1 backward call, bfloat16" in first
     assert "autocast halves what is saved for backward" in first, first
     assert "Fix: split the batch into k micro-batches" in second, second
 
 
-def test_one_graph_over_all_micro_batches_is_told_about_the_single_backward():
+def test_one_graph_over_all_micro_batches_is_told_about_the_single_backward(budgets):
+    ROOMY, TIGHT = budgets
     first, second = _first_and_second(lambda *a: step(*a, k=4, one_graph=True), ROOMY)
     assert "4 forward passes, 1 backward call, fp32" in first, first
     assert "with 4 forward passes and one backward" in first, first
@@ -100,27 +110,31 @@ def test_one_graph_over_all_micro_batches_is_told_about_the_single_backward():
     assert "Adam's state" not in second
 
 
-def test_too_few_micro_batches_are_told_to_shrink_each_one():
+def test_too_few_micro_batches_are_told_to_shrink_each_one(budgets):
+    ROOMY, TIGHT = budgets
     first, second = _first_and_second(lambda *a: step(*a, k=2), ROOMY)
     assert "step 1 ran out of memory; your step: 2 forward passes, 2 backward calls" in first
     assert "2 micro-batches, still keep too many activations alive" in first, first
     assert "Fix: more micro-batches" in second, second
 
 
-def test_out_of_memory_at_step_2_is_told_about_the_optimizer_state():
+def test_out_of_memory_at_step_2_is_told_about_the_optimizer_state(budgets):
+    ROOMY, TIGHT = budgets
     first, second = _first_and_second(step, TIGHT)
     assert "step 2 ran out of memory (step 1 fit); your step: 4 forward passes" in first, first
     assert "with 4 micro-batches step 1 fit and step 2 did not" in first, first
     assert "Fix: more micro-batches" in second, second
 
 
-def test_the_plain_step_keeps_the_general_hint():
+def test_the_plain_step_keeps_the_general_hint(budgets):
+    ROOMY, TIGHT = budgets
     first, _ = _first_and_second(lambda *a: step(*a, k=1), ROOMY)
     assert "1 forward pass, 1 backward call, fp32" in first, first
     assert "the activations of the whole batch are what does not fit" in first, first
 
 
-def test_every_wrong_attempt_gets_its_own_hint():
+def test_every_wrong_attempt_gets_its_own_hint(budgets):
+    ROOMY, TIGHT = budgets
     attempts = {
         "bf16 alone": (lambda *a: step(*a, k=1, bf16=True), ROOMY),
         "one graph": (lambda *a: step(*a, k=4, one_graph=True), ROOMY),
