@@ -15,6 +15,8 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def setup() -> tuple[int, int, torch.device]:
@@ -51,15 +53,36 @@ def teardown() -> NoReturn:
     operation started inside ``backward()`` (DDP's and FSDP's gradient all-reduces) holds a
     Python object; if Python is already shutting down when a worker frees one, the worker
     cannot take the GIL, CPython ends that thread, and C++ aborts the process ("terminate
-    called without an active exception", SIGABRT). We saw it on torch 2.13 CPU in about 1 of
-    30 runs of ddp_exercise.py, with or without the barrier. Output is flushed first; files
-    the script wrote are already closed (``report()`` closes its own).
+    called without an active exception", SIGABRT), rarely, with or without the barrier.
+    Output is flushed first; files the script wrote are already closed (``report()`` closes
+    its own).
     """
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def mlp(width: int, layers: int, activation: type[nn.Module], seed: int = 0) -> nn.Sequential:
+    """``layers`` Linear(width, width) with ``activation`` between them, seeded: the same initial
+    weights on every rank and in the single-process reference."""
+    torch.manual_seed(seed)
+    parts: list[nn.Module] = []
+    for i in range(layers):
+        parts.append(nn.Linear(width, width))
+        if i < layers - 1:
+            parts.append(activation())
+    return nn.Sequential(*parts)
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank really stores for ``t``: only its shard when ``t`` is a DTensor."""
+    if t is None:
+        return 0
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
 
 
 def log(*args) -> None:

@@ -17,9 +17,8 @@
    ``find_unused_parameters=True`` (a graph traversal after every forward) or
    ``static_graph=True`` (the traversal once, the first step) it trains like one process.
 
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there are
-enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device; gloo
-on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations
@@ -30,23 +29,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import log, report, setup, teardown
+from common import log, mlp, report, setup, teardown
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's C++ side: no start/stop lines
 
 WIDTH, LAYERS, PER_RANK, BUCKET_MB = 384, 6, 32, 1
-
-
-def build_mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for i in range(LAYERS):
-        layers.append(nn.Linear(WIDTH, WIDTH))
-        if i < LAYERS - 1:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def ddp(model: nn.Module, device: torch.device, **kwargs) -> DDP:
@@ -56,7 +45,7 @@ def ddp(model: nn.Module, device: torch.device, **kwargs) -> DDP:
 
 def traced_step(device: torch.device, x: torch.Tensor, path: Path) -> dict:
     """Two warm-up steps (DDP rebuilds its buckets after the first), then one step profiled."""
-    model = ddp(build_mlp(), device, bucket_cap_mb=BUCKET_MB)
+    model = ddp(mlp(WIDTH, LAYERS, nn.ReLU), device, bucket_cap_mb=BUCKET_MB)
     for _ in range(2):
         model(x).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -75,7 +64,7 @@ def bucket_views(device: torch.device, x: torch.Tensor) -> dict:
     """For each setting, which .grad tensors share storage with a bucket the hook reduced."""
     out = {}
     for view in (False, True):
-        model = ddp(build_mlp(), device, gradient_as_bucket_view=view, bucket_cap_mb=BUCKET_MB)
+        model = ddp(mlp(WIDTH, LAYERS, nn.ReLU), device, gradient_as_bucket_view=view, bucket_cap_mb=BUCKET_MB)
         buckets: set[int] = set()
         world = dist.get_world_size()
 

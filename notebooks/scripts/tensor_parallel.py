@@ -18,9 +18,8 @@ Each rank checks:
 4. The bytes of gradients and of Adam's state each rank keeps (its shards), for the decision
    table of notebook 08.
 
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there
-are enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device;
-gloo on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations
