@@ -8,7 +8,6 @@
 * ``check_no_sync_step``: the learner's accumulation loop on a real DDP model must give the
   full-batch gradients with one all-reduce per bucket (counted by a communication hook).
 * ``check_bubble``: the learner's formula for the idle fraction of a GPipe pipeline.
-* ``check_min_microbatches``: the fewest micro-batches that keep the bubble under a bound.
 * ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients
   (also when the batch does not split into equal micro-batches).
 
@@ -20,13 +19,15 @@ answered yet" (``shipped_unchanged``), so the saved output gives nothing away.
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
+import inspect
 import math
 import os
+import textwrap
 import types
 from collections.abc import Callable, Iterable, Sequence
-from fractions import Fraction
 
 import torch
 from torch import nn
@@ -41,10 +42,10 @@ __all__ = [
     "check_bubble",
     "check_ddp_script",
     "check_microbatch_step",
-    "check_min_microbatches",
     "check_no_sync_step",
     "check_sampler_padding",
     "check_split_forward",
+    "not_answered",
     "shipped_unchanged",
 ]
 
@@ -65,23 +66,36 @@ def split_forward(stage0, stage1, x, d0, d1):
 """
 
 
-def _code_key(code: types.CodeType) -> tuple:
-    """What a function does, without its line numbers or comments (nested code included)."""
-    consts = tuple(_code_key(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return (code.co_code, consts, code.co_names, code.co_varnames, code.co_argcount)
+def _function_ast(source: str) -> str | None:
+    """The first function of ``source`` as an AST dump: no name, line numbers or comments."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    if not funcs:
+        return None
+    funcs[0].name = "_"  # a renamed copy of the starting code is still the starting code
+    return ast.dump(funcs[0])
 
 
 def shipped_unchanged(fn: object, start: str) -> bool:
-    """Is ``fn`` the exercise's starting code ``start`` (a ``def``), changed in comments at most?"""
+    """Is ``fn`` the exercise's starting code ``start`` (a ``def``), changed in comments at most?
+
+    Compared by syntax tree, from the source IPython keeps of each cell (``inspect.getsource``);
+    a function whose source cannot be read counts as changed, so it is graded.
+    """
     if not isinstance(fn, types.FunctionType):
         return False
-    namespace: dict = {}
-    exec(compile(start, "<exercise start>", "exec"), {"F": nn.functional}, namespace)
-    (shipped,) = (v for v in namespace.values() if isinstance(v, types.FunctionType))
-    return _code_key(fn.__code__) == _code_key(shipped.__code__)
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    mine = _function_ast(source)
+    return mine is not None and mine == _function_ast(start)
 
 
-def _not_answered(title: str, what: str, hint: str) -> Feedback:
+def not_answered(title: str, what: str, hint: str) -> Feedback:
     """The feedback for a bug hunt run as shipped: not an attempt, and no answer shown."""
     fb = Feedback(title)
     fb.answered = False
@@ -142,7 +156,7 @@ def check_ddp_script(
     except OSError:
         digest = None  # launch() says what is wrong with the path
     if digest == DDP_EXERCISE_SHA256:
-        return _not_answered(title, os.path.basename(script), hint)
+        return not_answered(title, os.path.basename(script), hint)
     return _check_ddp_run(script, ref, nproc, timeout, atol, title, hint)
 
 
@@ -285,53 +299,6 @@ def check_allreduce_counts(
         f"with_no_sync = {describe(with_no_sync)}, but only the last backward (outside "
         f"no_sync) all-reduces, once per bucket: {buckets}",
         brief="with_no_sync is not the number of all-reduces with no_sync",
-    )
-    return fb
-
-
-#: (p, max_bubble) pairs for check_min_microbatches: none sits exactly on a boundary, where
-#: float rounding of (p - 1) / b could tip a right answer either way.
-_MIN_M_CASES = ((1, 0.2), (2, 0.23), (2, 0.11), (4, 0.37), (4, 0.11), (4, 0.045), (8, 0.23))
-
-
-def _fewest_microbatches(p: int, max_bubble: Fraction) -> int:
-    """Counted, not solved: the first m whose bubble (p-1)/(m+p-1) is at most max_bubble."""
-    m = 1
-    while Fraction(p - 1, m + p - 1) > max_bubble:
-        m += 1
-    return m
-
-
-@checker(answers=("fewest",))
-def check_min_microbatches(fewest: Callable[[int, float], int]) -> Feedback:
-    """``fewest(p, max_bubble)``: the smallest number of micro-batches m for which a GPipe
-    pipeline of ``p`` equal stages idles at most ``max_bubble`` of a step."""
-    fb = Feedback("fewest(p, max_bubble) is the smallest m with a bubble at most max_bubble")
-    fb.hint(
-        "write the bubble for m micro-batches and solve bubble <= max_bubble for m; m is a "
-        "whole number of micro-batches"
-    )
-    wrong = []
-    for p, b in _MIN_M_CASES:
-        want = _fewest_microbatches(p, Fraction(str(b)))
-        got = fb.run(f"fewest({p}, {b})", fewest, p, b)
-        value = whole_number(got)
-        fb.require(
-            value is not None,
-            f"fewest({p}, {b}) returned {describe(got)}: return a whole number of "
-            "micro-batches (math.ceil gives one)",
-            brief="fewest does not return a whole number",
-        )
-        if value != want:
-            wrong.append(f"fewest({p}, {b}) = {value}, but {want} micro-batches are needed")
-    fb.expect(
-        not wrong,
-        "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
-        brief=f"{len(wrong)} of {len(_MIN_M_CASES)} values are wrong",
-    )
-    fb.fix(
-        "(p - 1) / (m + p - 1) <= b means m >= (p - 1) / b - (p - 1): "
-        "max(1, math.ceil((p - 1) / b - (p - 1)))"
     )
     return fb
 
@@ -486,9 +453,12 @@ def check_microbatch_step(
     atol: float = 1e-6,
 ) -> Feedback:
     """``step(model, x, y, m)`` must leave in ``.grad`` the full batch's MSE gradients (see
-    ``_check_microbatch_step``); notebook 04's starting code as shipped is not an answer yet."""
-    if shipped_unchanged(step, MICROBATCH_START):
-        return _not_answered(
+    ``_check_microbatch_step``). Notebook 04's starting code (``MICROBATCH_START``, right only
+    when the micro-batches are equal) run as shipped on uneven ones is not an answer yet."""
+    uneven = isinstance(x, torch.Tensor) and isinstance(m, int) and 0 < m <= len(x)
+    uneven = uneven and len({len(c) for c in x.chunk(m)}) > 1
+    if uneven and shipped_unchanged(step, MICROBATCH_START):  # wrong here on purpose
+        return not_answered(
             f"{m} micro-batches give the full-batch gradients",
             "microbatch_step",
             "how many samples are in each micro-batch here, and what is the whole batch's "
@@ -641,7 +611,7 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
     shipped (``SPLIT_FORWARD_START``) is not an answer yet.
     """
     if shipped_unchanged(forward, SPLIT_FORWARD_START):
-        return _not_answered(
+        return not_answered(
             "a forward pass split over two devices that autograd can go back through",
             "split_forward",
             "train it for a few steps, or look at which parameters get a gradient",
