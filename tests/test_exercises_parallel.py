@@ -14,12 +14,17 @@ from torch.nn import functional as F
 from tutorial_utils import devices
 from tutorial_utils.exercises import reset_attempts
 from tutorial_utils.exercises.parallel import (
+    DDP_EXERCISE_SHA256,
+    MICROBATCH_START,
+    SPLIT_FORWARD_START,
     check_allreduce_counts,
     check_bubble,
     check_ddp_script,
     check_microbatch_step,
+    check_no_sync_step,
     check_sampler_padding,
     check_split_forward,
+    shipped_unchanged,
 )
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
@@ -132,9 +137,9 @@ def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
     ]
     buggy = [out for src, out in cells if 'check_ddp_script("scripts/ddp_exercise.py"' in src]
     assert buggy, "notebook 03 no longer runs check_ddp_script on scripts/ddp_exercise.py"
-    # the first verdict hints (hint-first feedback): one problem named, the other counted
-    assert buggy[0].startswith("Not yet:") and "same order every epoch" in buggy[0]
-    assert "1 more problem" in buggy[0]
+    # run as shipped, the exercise is not answered yet, and its saved output names no bug
+    assert buggy[0].startswith("Not answered yet:") and "starting code" in buggy[0]
+    assert "same order" not in buggy[0] and "world size" not in buggy[0]
     solved = [
         src
         for src, _ in cells
@@ -261,3 +266,200 @@ def test_split_forward_on_a_device_this_machine_lacks_raises_one_sentence(
     """Issue 25: ``['cpu', 'cuda']`` on a machine without CUDA raised torch's own error."""
     with pytest.raises(devices.DeviceUnavailableError, match="CUDA is not available"):
         check_split_forward(lambda *a: None, ["cpu", "cuda"])
+
+
+# --- issue 20 §5/§6: exercises that need thought, bug hunts that give nothing away ------------
+
+
+def test_the_shipped_ddp_exercise_is_the_one_the_checker_knows():
+    """check_ddp_script treats ddp_exercise.py as shipped ("not answered yet") by its hash:
+    whoever edits the exercise must update DDP_EXERCISE_SHA256."""
+    import hashlib
+
+    digest = hashlib.sha256((SCRIPTS / "ddp_exercise.py").read_bytes()).hexdigest()
+    assert digest == DDP_EXERCISE_SHA256
+
+
+def test_ddp_exercise_as_shipped_is_not_an_attempt_and_names_no_bug():
+    fb = check_ddp_script(SCRIPTS / "ddp_exercise.py", _reference_params())
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    assert "set_epoch" not in str(fb) and "same order" not in str(fb)
+
+
+@pytest.mark.slow  # two torchrun launches
+def test_ddp_checker_finds_both_bugs_of_the_exercise(tmp_path):
+    """The exercise with a learner's comment added (not the shipped file any more) still has
+    both bugs: the checker must name the shuffle first, then both in detail. It used to be
+    shown by notebook 03's saved output, which now gives nothing away."""
+    import shutil
+
+    for name in ("common.py", "ddp_train.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    text = (SCRIPTS / "ddp_exercise.py").read_text()
+    (tmp_path / "ddp_exercise.py").write_text(text + "# I looked at it\n")
+    reset_attempts()
+    fb = check_ddp_script(tmp_path / "ddp_exercise.py", _reference_params(), timeout=180)
+    assert fb.answered and not fb.passed and fb.attempt == 1
+    assert "same order every epoch" in repr(fb) and "1 more problem" in repr(fb)
+    assert "set_epoch" in fb.report() and "world size" in fb.report()
+    reset_attempts()
+
+
+def _acc_right(model, x, y, k):
+    pieces = list(zip(x.chunk(k), y.chunk(k), strict=True))
+    with model.no_sync():
+        for xm, ym in pieces[:-1]:
+            (F.mse_loss(model(xm), ym) / k).backward()
+    xm, ym = pieces[-1]
+    (F.mse_loss(model(xm), ym) / k).backward()
+
+
+def _acc_plain(model, x, y, k):  # right gradients, one all-reduce per micro-batch
+    for xm, ym in zip(x.chunk(k), y.chunk(k), strict=True):
+        (F.mse_loss(model(xm), ym) / k).backward()
+
+
+def _acc_never_syncs(model, x, y, k):  # every backward inside no_sync
+    with model.no_sync():
+        _acc_plain(model, x, y, k)
+
+
+def _acc_unscaled(model, x, y, k):
+    pieces = list(zip(x.chunk(k), y.chunk(k), strict=True))
+    with model.no_sync():
+        for xm, ym in pieces[:-1]:
+            F.mse_loss(model(xm), ym).backward()
+    F.mse_loss(model(pieces[-1][0]), pieces[-1][1]).backward()
+
+
+def _acc_one_backward(model, x, y, k):  # the full-batch gradients, but no accumulation
+    F.mse_loss(model(x), y).backward()
+
+
+def _acc_steps(model, x, y, k):
+    _acc_right(model, x, y, k)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+
+
+def test_no_sync_step_passes_the_loop_on_a_real_ddp_model():
+    import torch.distributed as dist
+
+    assert check_no_sync_step(_acc_right, k=4).passed
+    assert check_no_sync_step(_acc_right, k=1).passed
+    assert not dist.is_initialized(), "the checker must destroy the group it created"
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "problem"),
+    [
+        (_acc_plain, "all-reduces ran for a model whose gradients fill"),
+        (_acc_never_syncs, "no all-reduce ran"),
+        (_acc_unscaled, "4x too large"),
+        (_acc_one_backward, "run one per micro-batch"),
+        (_acc_steps, "the weights changed"),
+    ],
+)
+def test_no_sync_step_fails_wrong_loops(accumulate, problem):
+    fb = check_no_sync_step(accumulate, k=4)
+    assert not fb.passed and fb.answered and problem in fb.report(), fb.report()
+
+
+def test_no_sync_step_placeholder_is_not_an_attempt():
+    def accumulate(model, x, y, k):
+        return None  # TODO
+
+    fb = check_no_sync_step(accumulate, k=4)
+    assert not fb.answered and fb.attempt == 0 and "no_sync" not in str(fb).split("Hint")[0]
+
+
+def test_no_sync_step_bad_k_raises_one_sentence():
+    with pytest.raises(ValueError, match="k must be"):
+        check_no_sync_step(_acc_right, k=0)
+
+
+def _uneven():
+    g = torch.Generator().manual_seed(5)
+    return torch.randn(10, 16, generator=g), torch.randn(10, 4, generator=g)
+
+
+def _from_source(source: str, name: str, tmp_path):
+    """A function defined in a file, as a notebook cell defines it (its source readable)."""
+    import importlib.util
+
+    path = tmp_path / f"{name}_cell.py"
+    path.write_text("from torch.nn import functional as F\n" + source)
+    spec = importlib.util.spec_from_file_location(f"{name}_cell", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def _mb_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+def test_uneven_microbatches_need_weights_by_size():
+    x, y = _uneven()
+
+    def weighted(model, x, y, m):
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (F.mse_loss(model(xm), ym) * len(xm) / len(x)).backward()
+
+    def divided_by_m(model, x, y, m):  # section 3's loop, retyped: an attempt, and wrong here
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            loss = F.mse_loss(model(xm), ym)
+            (loss / m).backward()
+
+    assert check_microbatch_step(weighted, _mb_model(), x, y, m=4).passed
+    fb = check_microbatch_step(divided_by_m, _mb_model(), x, y, m=4)
+    assert not fb.passed and fb.answered and "[3, 3, 3, 1]" in fb.report(), fb.report()
+
+
+def test_microbatch_start_is_not_an_attempt_only_where_it_is_wrong(tmp_path):
+    start = _from_source(MICROBATCH_START, "microbatch_step", tmp_path)
+    x, y = _uneven()
+    fb = check_microbatch_step(start, _mb_model(), x, y, m=4)
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    assert "Fix:" not in str(fb) and "len(xm)" not in str(fb)
+    ex, ey = _data()  # equal micro-batches: the same code is a right answer
+    assert check_microbatch_step(start, _model(), ex, ey, m=4).passed
+
+
+def test_split_forward_as_shipped_is_not_an_attempt(tmp_path):
+    start = _from_source(SPLIT_FORWARD_START, "split_forward", tmp_path)
+    fb = check_split_forward(start, [torch.device("cpu")] * 2)
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    assert "detach" not in str(fb) and "no gradient" not in str(fb)
+    assert not check_split_forward(_split_forward("detach"), [torch.device("cpu")] * 2).passed
+
+
+def test_shipped_unchanged_ignores_comments_and_sees_code():
+    def same(model, x, y, m):  # only comments differ
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (F.mse_loss(model(xm), ym) / m).backward()  # TODO
+
+    def other(model, x, y, m):
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (F.mse_loss(model(xm), ym) / len(x)).backward()
+
+    assert shipped_unchanged(same, MICROBATCH_START)
+    assert not shipped_unchanged(other, MICROBATCH_START)
+    assert not shipped_unchanged("not a function", MICROBATCH_START)
+
+
+def test_notebook_03_shows_sbatch_lines_that_are_in_the_script():
+    """Notebook 03 quotes the essentials of slurm_ddp.sbatch in a markdown block: each quoted
+    line must still be a line of the script."""
+    nb = json.loads((SCRIPTS.parent / "03_data_parallelism.ipynb").read_text())
+    text = next(
+        "".join(c["source"])
+        for c in nb["cells"]
+        if c["cell_type"] == "markdown"
+        and "essentials of `scripts/slurm_ddp.sbatch`" in "".join(c["source"])
+    )
+    quoted = text.split("```bash\n")[-1].split("```")[0].splitlines()
+    script = (SCRIPTS / "slurm_ddp.sbatch").read_text().splitlines()
+    assert len(quoted) >= 10
+    missing = [line for line in quoted if line not in script]
+    assert not missing, missing

@@ -144,13 +144,34 @@ def fixed(x, dp, tp, dp_size, tp_size):
     return x[dp * rows : (dp + 1) * rows]
 
 
-def test_batch_for_passes_the_fix_and_fails_the_bug_with_a_hint_first():
+def still_buggy(x, dp, tp, dp_size, tp_size):  # changed, yet still split by tp
+    start = tp * (len(x) // tp_size)
+    return x[start : start + len(x) // tp_size]
+
+
+def test_batch_for_passes_the_fix_and_fails_a_changed_bug_with_a_hint_first():
     assert check_batch_for(fixed).passed
-    first = check_batch_for(buggy)
+    first = check_batch_for(still_buggy)
     assert not first.passed and first.attempt == 1 and not first.detailed
     assert "tensor-parallel group see different data" in repr(first)
-    second = check_batch_for(buggy)
+    second = check_batch_for(still_buggy)
     assert second.detailed and "Fix:" in repr(second)
+
+
+def test_batch_for_as_shipped_is_not_an_attempt_and_names_no_bug():
+    """Notebook 08 saves the output of its exercise cell run on the colleague's code: that
+    output must not say what is wrong (issue 20, spoilers), and it is not attempt 1."""
+    for _ in range(2):
+        fb = check_batch_for(buggy)
+        assert not fb.passed and not fb.answered and fb.attempt == 0, repr(fb)
+        assert repr(fb).startswith("Not answered yet") and "starting code" in repr(fb)
+        assert "different data" not in repr(fb) and "Fix:" not in str(fb)
+
+    def commented(x, dp, tp, dp_size, tp_size):  # a comment changes nothing
+        rows = len(x) // tp_size  # hmm
+        return x[tp * rows : (tp + 1) * rows]
+
+    assert not check_batch_for(commented).answered
 
 
 @pytest.mark.parametrize(

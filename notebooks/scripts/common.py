@@ -15,15 +15,16 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def setup() -> tuple[int, int, torch.device]:
     """Join the process group; return (rank, world size, this process's device).
 
-    The device comes from the accelerator, as notebooks 01 and 02 teach, and the backend from
-    the device (NCCL for CUDA). With fewer accelerators than processes on this machine, or one
-    whose only backend is gloo (Apple's MPS: gloo moves CPU tensors only), every rank runs on
-    the CPU with gloo.
+    The device comes from the accelerator and the backend from the device (NCCL for CUDA).
+    With fewer accelerators than local processes, or one whose only backend is gloo (MPS),
+    every rank runs on the CPU with gloo.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
@@ -44,22 +45,37 @@ def setup() -> tuple[int, int, torch.device]:
 def teardown() -> NoReturn:
     """Leave cleanly: wait for every rank, destroy the group, then end this process at once.
 
-    Call it last: it does not return. The barrier makes every rank finish its collectives (a
-    rank that left early would break the others' connections). Then ``os._exit(0)`` ends the
-    process without the interpreter's shutdown, because that shutdown can abort a rank whose
-    work is done: gloo's worker threads free each finished operation themselves, and an
-    operation started inside ``backward()`` (DDP's and FSDP's gradient all-reduces) holds a
-    Python object; if Python is already shutting down when a worker frees one, the worker
-    cannot take the GIL, CPython ends that thread, and C++ aborts the process ("terminate
-    called without an active exception", SIGABRT). We saw it on torch 2.13 CPU in about 1 of
-    30 runs of ddp_exercise.py, with or without the barrier. Output is flushed first; files
-    the script wrote are already closed (``report()`` closes its own).
+    Call it last: it does not return. The barrier lets every rank finish its collectives.
+    ``os._exit(0)`` skips the interpreter's shutdown, during which a gloo worker thread still
+    freeing an all-reduce started inside ``backward()`` can abort a rank whose work is done
+    ("terminate called without an active exception"). Output is flushed first.
     """
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def mlp(width: int, layers: int, activation: type[nn.Module], seed: int = 0) -> nn.Sequential:
+    """``layers`` Linear(width, width) with ``activation`` between them, seeded: the same initial
+    weights on every rank and in the single-process reference."""
+    torch.manual_seed(seed)
+    parts: list[nn.Module] = []
+    for i in range(layers):
+        parts.append(nn.Linear(width, width))
+        if i < layers - 1:
+            parts.append(activation())
+    return nn.Sequential(*parts)
+
+
+def local_bytes(t: torch.Tensor | None) -> int:
+    """Bytes this rank really stores for ``t``: only its shard when ``t`` is a DTensor."""
+    if t is None:
+        return 0
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
 
 
 def log(*args) -> None:

@@ -1,4 +1,4 @@
-"""Five things every DDP training loop needs, in one launch (each rank reports what it saw).
+"""Three things every DDP training loop needs, in one launch (each rank reports what it saw).
 
     torchrun --standalone --nproc-per-node=2 ddp_practice.py --checkpoint ckpt.pt
 
@@ -6,23 +6,15 @@
    all-reduce, the last one reduces everything accumulated. A communication hook counts the
    all-reduces; the gradients must equal one backward over the whole per-rank batch.
 2. ``DistributedSampler.set_epoch``: without it, every epoch repeats the first shuffle.
-3. Buffers: DDP sends rank 0's buffers (BatchNorm's running statistics) to every rank at the
-   start of each forward, unless told not to. PyTorch 2.13 splits the old switch: the new
-   ``forward_sync_buffers=False`` stops only that runtime sync (rank 0's buffers are still
-   broadcast once when DDP is built, with ``init_sync=True``), while the deprecated
-   ``broadcast_buffers=False`` (a FutureWarning in 2.13, the only name before) stops both.
-4. A checkpoint saved by rank 0 only, a ``barrier()`` so nobody reads a half-written file, then
+3. A checkpoint saved by rank 0 only, a ``barrier()`` so nobody reads a half-written file, then
    loaded on every rank with ``map_location`` (on GPUs, each rank onto its own device).
-5. ``SyncBatchNorm``: BatchNorm statistics over the global batch (every rank's samples), not each
-   rank's shard. It runs on GPUs only; on CPU ranks the same statistics are computed by hand with
-   ``all_reduce`` (what SyncBatchNorm does inside), and the refusal is reported.
+
+Buffers (``forward_sync_buffers``) and ``SyncBatchNorm`` are in ddp_seen.py (notebook 08).
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -33,12 +25,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler, TensorDataset
 
 MICRO, MICRO_BATCH = 4, 4  # 4 micro-batches of 4 samples per rank per step
-# The switch for syncing buffers in forward: renamed in PyTorch 2.13 (the old name warns there).
-BUFFER_SYNC = (
-    "forward_sync_buffers"
-    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
-    else "broadcast_buffers"
-)
 
 
 def build_model(seed: int = 0) -> nn.Module:
@@ -124,34 +110,6 @@ def sampler_orders(rank: int, world: int) -> dict:
     return orders
 
 
-def buffers(rank: int, device: torch.device) -> dict:
-    """BatchNorm running means on each rank, with the buffer sync on (the default) and off."""
-    out = {"argument": BUFFER_SYNC}
-    for flag in (True, False):
-        torch.manual_seed(0)
-        bn = nn.BatchNorm1d(4)
-        model = wrap(nn.Sequential(nn.Linear(4, 4), bn), device, **{BUFFER_SYNC: flag})
-        g = torch.Generator().manual_seed(200 + rank)
-        model(torch.randn(8, 4, generator=g).to(device) + rank)  # each rank updates its own stats
-        after_first = bn.running_mean.tolist()
-        bn.momentum = 0.0  # the next batch no longer changes the stats: only a broadcast can
-        model(torch.randn(8, 4, generator=g).to(device))
-        out[str(flag)] = {"after_first": after_first, "after_second": bn.running_mean.tolist()}
-    # At construction: each rank's own running mean going in, what it holds once DDP is built.
-    out["at_init"] = {}
-    names = (
-        ["forward_sync_buffers", "broadcast_buffers"] if BUFFER_SYNC != "broadcast_buffers" else []
-    )
-    for name in names:
-        bn = nn.BatchNorm1d(4)
-        bn.running_mean.fill_(float(rank))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # broadcast_buffers is deprecated
-            wrap(nn.Sequential(nn.Linear(4, 4), bn), device, **{name: False})
-        out["at_init"][f"{name}=False"] = bn.running_mean[0].item()
-    return out
-
-
 def checkpoint(rank: int, device: torch.device, path: str) -> dict:
     model = wrap(build_model(), device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -180,61 +138,6 @@ def checkpoint(rank: int, device: torch.device, path: str) -> dict:
     }
 
 
-def sync_batchnorm(rank: int, world: int, device: torch.device) -> dict:
-    """BatchNorm over the global batch: SyncBatchNorm on GPUs, its arithmetic by hand on CPU.
-
-    Both are compared with one plain BatchNorm over every rank's samples together (the answer
-    one process with the whole batch would give), and so is a plain BatchNorm on this rank alone.
-    """
-    g = torch.Generator().manual_seed(300 + rank)
-    x = (torch.randn(8, 4, generator=g) + 2.0 * rank).to(device)  # ranks see different data
-    gathered = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(gathered, x)
-    full = nn.BatchNorm1d(4).to(device)  # one process, the whole global batch
-    full_out = full(torch.cat(gathered))[rank * len(x) : (rank + 1) * len(x)]
-    local = nn.BatchNorm1d(4).to(device)  # this rank's shard only: what plain BatchNorm does
-    local_out = local(x)
-
-    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(4))).to(device)
-    layer = model[0]
-    out = {"converted_to": type(layer).__name__, "refusal": None}
-    try:
-        sync_out = layer(x)  # on CPU ranks this raises: SyncBatchNorm needs GPU (or XPU) input
-        mean, var, how = layer.running_mean, layer.running_var, "nn.SyncBatchNorm"
-    except ValueError as err:
-        out["refusal"] = str(err)
-        # What SyncBatchNorm computes inside: every rank's sum, sum of squares and count, summed.
-        stats = torch.stack([x.sum(0), (x * x).sum(0)])
-        count = torch.tensor([float(len(x))], device=device)
-        dist.all_reduce(stats)
-        dist.all_reduce(count)
-        global_mean = stats[0] / count
-        biased_var = stats[1] / count - global_mean**2  # normalises this step's output
-        sync_out = (x - global_mean) / torch.sqrt(biased_var + layer.eps)
-        sync_out = sync_out * layer.weight + layer.bias
-        m = layer.momentum  # the running statistics keep the unbiased variance, like BatchNorm
-        mean = (1 - m) * layer.running_mean + m * global_mean
-        var = (1 - m) * layer.running_var + m * biased_var * count / (count - 1)
-        how = "all_reduce by hand, since SyncBatchNorm refuses CPU input"
-
-    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
-        return (a - b).abs().max().item()
-
-    out.update(
-        how=how,
-        sync_vs_full={
-            "running_mean": gap(mean, full.running_mean),
-            "running_var": gap(var, full.running_var),
-            "output": gap(sync_out, full_out),
-        },
-        local_vs_full={
-            "running_mean": gap(local.running_mean, full.running_mean),
-            "output": gap(local_out, full_out),
-        },
-    )
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint", required=True, help="file rank 0 writes, all ranks read")
@@ -247,11 +150,6 @@ def main() -> None:
         acc["allreduce_calls"],
         f"| gradients equal the full batch: {acc['max_grad_diff'] < 1e-6}",
     )
-    sync_bn = sync_batchnorm(rank, world, device)
-    log(
-        f"BatchNorm over the global batch, {sync_bn['how']}: equal to one process: "
-        f"{max(sync_bn['sync_vs_full'].values()) < 1e-5}"
-    )
     ckpt = checkpoint(rank, device, args.checkpoint)
     log(f"checkpoint saved by rank 0, loaded on every rank: equal {ckpt['max_param_diff'] == 0}")
     report(
@@ -260,8 +158,6 @@ def main() -> None:
             "world": world,
             "accumulation": acc,
             "orders": sampler_orders(rank, world),
-            "buffers": buffers(rank, device),
-            "sync_batchnorm": sync_bn,
             "checkpoint": ckpt,
         }
     )

@@ -16,37 +16,41 @@
    reduction of that step never finishes, and the next forward raises; with
    ``find_unused_parameters=True`` (a graph traversal after every forward) or
    ``static_graph=True`` (the traversal once, the first step) it trains like one process.
+4. Buffers: DDP broadcasts rank 0's buffers (BatchNorm's running statistics) at the start of
+   each forward. In PyTorch 2.13 ``forward_sync_buffers=False`` stops that runtime sync (rank
+   0's buffers are still broadcast once when DDP is built), while the deprecated
+   ``broadcast_buffers=False`` (a FutureWarning, the only name before 2.13) stops both.
+5. ``SyncBatchNorm``: BatchNorm statistics over the global batch, not each rank's shard. It
+   runs on GPUs only; on CPU ranks the same statistics are computed by hand with
+   ``all_reduce`` (what SyncBatchNorm does inside), and the refusal is reported.
 
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there are
-enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device; gloo
-on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import log, report, setup, teardown
+from common import log, mlp, report, setup, teardown
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # the profiler's C++ side: no start/stop lines
 
 WIDTH, LAYERS, PER_RANK, BUCKET_MB = 384, 6, 32, 1
-
-
-def build_mlp(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)
-    layers: list[nn.Module] = []
-    for i in range(LAYERS):
-        layers.append(nn.Linear(WIDTH, WIDTH))
-        if i < LAYERS - 1:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+# The switch for syncing buffers in forward: renamed in PyTorch 2.13 (the old name warns there).
+BUFFER_SYNC = (
+    "forward_sync_buffers"
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+    else "broadcast_buffers"
+)
 
 
 def ddp(model: nn.Module, device: torch.device, **kwargs) -> DDP:
@@ -56,7 +60,7 @@ def ddp(model: nn.Module, device: torch.device, **kwargs) -> DDP:
 
 def traced_step(device: torch.device, x: torch.Tensor, path: Path) -> dict:
     """Two warm-up steps (DDP rebuilds its buckets after the first), then one step profiled."""
-    model = ddp(build_mlp(), device, bucket_cap_mb=BUCKET_MB)
+    model = ddp(mlp(WIDTH, LAYERS, nn.ReLU), device, bucket_cap_mb=BUCKET_MB)
     for _ in range(2):
         model(x).sum().backward()
     model.zero_grad(set_to_none=True)
@@ -75,7 +79,12 @@ def bucket_views(device: torch.device, x: torch.Tensor) -> dict:
     """For each setting, which .grad tensors share storage with a bucket the hook reduced."""
     out = {}
     for view in (False, True):
-        model = ddp(build_mlp(), device, gradient_as_bucket_view=view, bucket_cap_mb=BUCKET_MB)
+        model = ddp(
+            mlp(WIDTH, LAYERS, nn.ReLU),
+            device,
+            gradient_as_bucket_view=view,
+            bucket_cap_mb=BUCKET_MB,
+        )
         buckets: set[int] = set()
         world = dist.get_world_size()
 
@@ -138,6 +147,89 @@ def unused_parameters(device: torch.device, x: torch.Tensor, x_all: torch.Tensor
     return out
 
 
+def buffers(rank: int, device: torch.device) -> dict:
+    """BatchNorm running means on each rank, with the buffer sync on (the default) and off."""
+    out = {"argument": BUFFER_SYNC}
+    for flag in (True, False):
+        torch.manual_seed(0)
+        bn = nn.BatchNorm1d(4)
+        model = ddp(nn.Sequential(nn.Linear(4, 4), bn), device, **{BUFFER_SYNC: flag})
+        g = torch.Generator().manual_seed(200 + rank)
+        model(torch.randn(8, 4, generator=g).to(device) + rank)  # each rank updates its own stats
+        after_first = bn.running_mean.tolist()
+        bn.momentum = 0.0  # the next batch no longer changes the stats: only a broadcast can
+        model(torch.randn(8, 4, generator=g).to(device))
+        out[str(flag)] = {"after_first": after_first, "after_second": bn.running_mean.tolist()}
+    # At construction: each rank's own running mean going in, what it holds once DDP is built.
+    out["at_init"] = {}
+    names = (
+        ["forward_sync_buffers", "broadcast_buffers"] if BUFFER_SYNC != "broadcast_buffers" else []
+    )
+    for name in names:
+        bn = nn.BatchNorm1d(4)
+        bn.running_mean.fill_(float(rank))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # broadcast_buffers is deprecated
+            ddp(nn.Sequential(nn.Linear(4, 4), bn), device, **{name: False})
+        out["at_init"][f"{name}=False"] = bn.running_mean[0].item()
+    return out
+
+
+def sync_batchnorm(rank: int, world: int, device: torch.device) -> dict:
+    """BatchNorm over the global batch: SyncBatchNorm on GPUs, its arithmetic by hand on CPU.
+
+    Both are compared with one plain BatchNorm over every rank's samples together (the answer
+    one process with the whole batch would give), and so is a plain BatchNorm on this rank alone.
+    """
+    g = torch.Generator().manual_seed(300 + rank)
+    x = (torch.randn(8, 4, generator=g) + 2.0 * rank).to(device)  # ranks see different data
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x)
+    full = nn.BatchNorm1d(4).to(device)  # one process, the whole global batch
+    full_out = full(torch.cat(gathered))[rank * len(x) : (rank + 1) * len(x)]
+    local = nn.BatchNorm1d(4).to(device)  # this rank's shard only: what plain BatchNorm does
+    local_out = local(x)
+
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm1d(4))).to(device)
+    layer = model[0]
+    out = {"converted_to": type(layer).__name__, "refusal": None}
+    try:
+        sync_out = layer(x)  # on CPU ranks this raises: SyncBatchNorm needs GPU (or XPU) input
+        mean, var, how = layer.running_mean, layer.running_var, "nn.SyncBatchNorm"
+    except ValueError as err:
+        out["refusal"] = str(err)
+        # What SyncBatchNorm computes inside: every rank's sum, sum of squares and count, summed.
+        stats = torch.stack([x.sum(0), (x * x).sum(0)])
+        count = torch.tensor([float(len(x))], device=device)
+        dist.all_reduce(stats)
+        dist.all_reduce(count)
+        global_mean = stats[0] / count
+        biased_var = stats[1] / count - global_mean**2  # normalises this step's output
+        sync_out = (x - global_mean) / torch.sqrt(biased_var + layer.eps)
+        sync_out = sync_out * layer.weight + layer.bias
+        m = layer.momentum  # the running statistics keep the unbiased variance, like BatchNorm
+        mean = (1 - m) * layer.running_mean + m * global_mean
+        var = (1 - m) * layer.running_var + m * biased_var * count / (count - 1)
+        how = "all_reduce by hand, since SyncBatchNorm refuses CPU input"
+
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
+        return (a - b).abs().max().item()
+
+    out.update(
+        how=how,
+        sync_vs_full={
+            "running_mean": gap(mean, full.running_mean),
+            "running_var": gap(var, full.running_var),
+            "output": gap(sync_out, full_out),
+        },
+        local_vs_full={
+            "running_mean": gap(local.running_mean, full.running_mean),
+            "output": gap(local_out, full_out),
+        },
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -156,6 +248,8 @@ def main() -> None:
         "traced": traced_step(device, x, args.trace_dir / f"rank{rank}.json"),
         "bucket_views": bucket_views(device, x),
         "unused": unused_parameters(device, u, u_all),
+        "buffers": buffers(rank, device),
+        "sync_batchnorm": sync_batchnorm(rank, world, device),
     }
     report(out)
     teardown()

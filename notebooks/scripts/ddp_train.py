@@ -59,6 +59,30 @@ def save_checkpoint(path: str, model: nn.Module, opt: torch.optim.Optimizer, epo
     os.replace(path + ".tmp", path)
 
 
+def prepare(rank: int, world: int, device: torch.device, batch: int, lr: float) -> tuple:
+    """The data, each rank's shard of it (DistributedSampler), the model in DDP, the optimizer."""
+    data = build_data()
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=batch, sampler=sampler)
+    model = DDP(
+        build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return data, sampler, loader, model, opt
+
+
+def train_epoch(model: DDP, loader, sampler, opt, epoch: int, device: torch.device) -> list[int]:
+    """One epoch, written as on one device: DDP does its work inside backward()."""
+    sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces (averages) the gradients here
+        opt.step()
+    return list(sampler)  # the samples this rank saw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=3)
@@ -69,13 +93,7 @@ def main() -> None:
 
     signal.signal(signal.SIGUSR1, _on_usr1)
     rank, world, device = setup()
-    data = build_data()
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
-    model = DDP(
-        build_model().to(device), device_ids=[device.index] if device.type == "cuda" else None
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    data, sampler, loader, model, opt = prepare(rank, world, device, args.batch, args.lr)
     start = 0
     if args.checkpoint and os.path.exists(args.checkpoint):
         state = torch.load(args.checkpoint, map_location=device)
@@ -88,14 +106,7 @@ def main() -> None:
     saved = []  # the epochs at which this rank wrote the checkpoint
     done = start  # epochs trained, counting those before a resume
     for epoch in range(start, args.epochs):
-        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        orders.append(list(sampler))
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            loss = nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()  # DDP all-reduces (averages) the gradients here
-            opt.step()
+        orders.append(train_epoch(model, loader, sampler, opt, epoch, device))
         with torch.no_grad():  # every rank holds the same model: rank 0 speaks for all
             X, Y = (t.to(device) for t in data.tensors)
             log(

@@ -13,9 +13,8 @@
 4. ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in CPU memory
    and the optimizer steps there. Each rank reports where its shards are.
 
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there
-are enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device;
-gloo on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations

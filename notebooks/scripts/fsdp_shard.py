@@ -16,26 +16,16 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from common import log, report, setup, teardown
+from common import local_bytes, log, report, setup, teardown
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 
 def build_model(seed: int = 0, width: int = 512, depth: int = 4) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
-
-
-def local_bytes(t: torch.Tensor | None) -> int:
-    """Bytes this rank really stores for ``t``: only its shard when ``t`` is a DTensor."""
-    if t is None:
-        return 0
-    if isinstance(t, DTensor):
-        t = t.to_local()
-    return t.numel() * t.element_size()
 
 
 def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:

@@ -24,9 +24,8 @@ Each rank checks, against one process on the whole batch:
    reduce-scatters of gradients inside the ``dp`` group.
 
 The model is tiny and the run short: 4 processes share whatever cores the machine has.
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there are
-enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device; gloo
-on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations

@@ -98,12 +98,25 @@ class HeldActivations:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
+def make_schedule(part: nn.Module, rank: int, world: int, device, m: int, cls=ScheduleGPipe):
+    """This rank's stage of the pipeline, and a schedule that runs m micro-batches through it."""
+    stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
+    return cls(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
+
+
+def pipeline_step(schedule, rank: int, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One training step: the schedule sends activations forward and gradients back."""
+    if rank == 0:
+        schedule.step(x)  # stage 0 feeds the input
+    else:
+        schedule.step(target=y)  # the last stage computes the loss of each micro-batch
+
+
 def schedules(part: nn.Module, rank: int, world: int, device, x, y, m: int, ref_grads) -> dict:
     """GPipe and 1F1B with ``m`` micro-batches: order of work and peak activations per stage."""
     out = {}
     for name, cls in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
-        stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
-        schedule = cls(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
+        schedule = make_schedule(part, rank, world, device, m, cls)
         order: list[str] = []
 
         def record(mod, args, output, order=order):
@@ -115,10 +128,7 @@ def schedules(part: nn.Module, rank: int, world: int, device, x, y, m: int, ref_
         def step(schedule=schedule) -> None:
             part.zero_grad()
             dist.barrier()
-            if rank == 0:
-                schedule.step(x)
-            else:
-                schedule.step(target=y)
+            pipeline_step(schedule, rank, x, y)
 
         step()  # the first step also works out the shapes to send: not recorded
         handle = part.register_forward_hook(record)
@@ -159,17 +169,13 @@ def main() -> None:
         # A fresh stage per micro-batch count: a stage works out the shapes of the activations
         # it sends on its first step and keeps them, so a stage reused with another micro-batch
         # size fails with PipeliningShapeError (seen on torch 2.11).
-        stage = PipelineStage(part, stage_index=rank, num_stages=world, device=device)
-        schedule = ScheduleGPipe(stage, n_microbatches=m, loss_fn=nn.functional.mse_loss)
+        schedule = make_schedule(part, rank, world, device, m)
         seconds = []
         for _ in range(4):  # the first step also works out the shapes to send: not timed
             part.zero_grad()
             dist.barrier()  # both stages start together
             t0 = time.perf_counter()
-            if rank == 0:
-                schedule.step(x)  # stage 0 feeds the input
-            else:
-                schedule.step(target=y)  # the last stage computes the loss of each micro-batch
+            pipeline_step(schedule, rank, x, y)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)  # CUDA runs asynchronously: wait before timing
             seconds.append(time.perf_counter() - t0)

@@ -18,9 +18,8 @@ Each rank checks:
 4. The bytes of gradients and of Adam's state each rank keeps (its shards), for the decision
    table of notebook 08.
 
-The device and backend come from ``common.setup()`` (NCCL on one GPU per process when there
-are enough GPUs, after ``torch.cuda.set_device``, because NCCL works on the current CUDA device;
-gloo on the CPU otherwise).
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 """
 
 from __future__ import annotations
@@ -96,30 +95,38 @@ def build(seed: int = 0) -> Block:
     return Block()
 
 
-TP_PLAN = {
-    # The input as one DTensor for q, k and v together: its gradient is then all-reduced once,
-    # not once per Linear (``TP_PLAN_PER_LINEAR`` shows the difference).
-    "attn": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)),
-    "attn.q": ColwiseParallel(),
-    "attn.k": ColwiseParallel(),
-    "attn.v": ColwiseParallel(),
-    "attn.o": RowwiseParallel(),
-    "mlp.fc1": ColwiseParallel(),
-    "mlp.fc2": RowwiseParallel(),
-}
-TP_PLAN_PER_LINEAR = {k: v for k, v in TP_PLAN.items() if k != "attn"}
-SP_PLAN = {
-    "attn_norm": SequenceParallel(),  # the norm runs on this rank's part of the sequence
-    "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "attn.q": ColwiseParallel(),
-    "attn.k": ColwiseParallel(),
-    "attn.v": ColwiseParallel(),
-    "attn.o": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter along the sequence
-    "mlp_norm": SequenceParallel(),
-    "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-    "mlp.fc1": ColwiseParallel(),
-    "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
-}
+def plans() -> tuple[dict, dict, dict]:
+    """The tensor-parallel plan, the same written per Linear, and the sequence-parallel plan."""
+    tp = {
+        # The input as one DTensor for q, k and v together: its gradient is then all-reduced once,
+        # not once per Linear (``TP_PLAN_PER_LINEAR`` shows the difference).
+        "attn": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
+        ),
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(),
+        "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(),
+    }
+    sp = {
+        "attn_norm": SequenceParallel(),  # the norm runs on this rank's part of the sequence
+        "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter along the sequence
+        "mlp_norm": SequenceParallel(),
+        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp.fc1": ColwiseParallel(),
+        "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+    per_linear = {k: v for k, v in tp.items() if k != "attn"}
+    return tp, per_linear, sp
+
+
+TP_PLAN, TP_PLAN_PER_LINEAR, SP_PLAN = plans()
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

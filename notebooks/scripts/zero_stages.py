@@ -11,9 +11,8 @@ each collective moves during a step: the collectives are wrapped where FSDP2, DD
 communication hook and ``ZeroRedundancyOptimizer`` call them (``torch.distributed.all_reduce``,
 ``all_gather_single``, ``reduce_scatter_single``, ``broadcast``).
 
-The device and backend come from ``common.setup()``: one GPU per process with NCCL when there
-are enough GPUs (it calls ``torch.cuda.set_device`` first, because NCCL works on the current
-CUDA device), gloo on the CPU otherwise.
+The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
+are enough GPUs, gloo on the CPU otherwise.
 
 1. ``DDP``: everything replicated; gradients all-reduced in buckets.
 2. ``ZeroRedundancyOptimizer`` over DDP (ZeRO-1): each rank keeps the Adam state of the
@@ -38,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from common import log, report, setup, teardown
+from common import local_bytes, log, mlp, report, setup, teardown
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import init_device_mesh
@@ -62,22 +61,7 @@ COLLECTIVES = ("all_reduce", ALL_GATHER, REDUCE_SCATTER, "broadcast")
 
 
 def build_model(seed: int = 0) -> nn.Sequential:
-    torch.manual_seed(seed)  # the same initial weights on every rank and in the reference
-    layers: list[nn.Module] = []
-    for i in range(LAYERS):
-        layers.append(nn.Linear(WIDTH, WIDTH))
-        if i < LAYERS - 1:
-            layers.append(nn.Tanh())
-    return nn.Sequential(*layers)
-
-
-def local_bytes(t: torch.Tensor | None) -> int:
-    """Bytes this rank really stores for ``t``: only its shard when ``t`` is a DTensor."""
-    if t is None:
-        return 0
-    if isinstance(t, DTensor):
-        t = t.to_local()
-    return t.numel() * t.element_size()
+    return mlp(WIDTH, LAYERS, nn.Tanh, seed)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

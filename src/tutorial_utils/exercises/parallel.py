@@ -5,17 +5,28 @@
 * ``check_sampler_padding``: what ``DistributedSampler`` does when the data does not split evenly.
 * ``check_allreduce_counts``: how many all-reduces gradient accumulation costs, with and
   without ``no_sync()``.
+* ``check_no_sync_step``: the learner's accumulation loop on a real DDP model must give the
+  full-batch gradients with one all-reduce per bucket (counted by a communication hook).
 * ``check_bubble``: the learner's formula for the idle fraction of a GPipe pipeline.
-* ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients.
+* ``check_microbatch_step``: the learner's micro-batch loop must give the full-batch gradients
+  (also when the batch does not split into equal micro-batches).
+
+A bug-hunt exercise starts from code that is wrong on purpose; run as shipped, it is "not
+answered yet" (``shipped_unchanged``), so the saved output gives nothing away.
 * ``check_split_forward``: the learner's forward over two stages on two devices must let the
   gradient reach the first stage (the bug hunt of notebook 04).
 """
 
 from __future__ import annotations
 
+import ast
 import copy
+import hashlib
+import inspect
 import math
 import os
+import textwrap
+import types
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -31,9 +42,70 @@ __all__ = [
     "check_bubble",
     "check_ddp_script",
     "check_microbatch_step",
+    "check_no_sync_step",
     "check_sampler_padding",
     "check_split_forward",
+    "not_answered",
+    "shipped_unchanged",
 ]
+
+#: sha256 of ``notebooks/scripts/ddp_exercise.py`` as the course ships it (with its two bugs);
+#: ``tests/test_exercises_parallel.py`` keeps it equal to the file.
+DDP_EXERCISE_SHA256 = "88e558300257f8643118444c386def6130e6b2ee1f5c8ded34263251a5c59289"
+
+#: The starting code of notebook 04's exercises that hand the learner a function to fix.
+MICROBATCH_START = """
+def microbatch_step(model, x, y, m):
+    for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+        (F.mse_loss(model(xm), ym) / m).backward()
+"""
+SPLIT_FORWARD_START = """
+def split_forward(stage0, stage1, x, d0, d1):
+    h = stage0(x.to(d0))
+    return stage1(h.detach().to(d1))
+"""
+
+
+def _function_ast(source: str) -> str | None:
+    """The first function of ``source`` as an AST dump: no name, line numbers or comments."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    if not funcs:
+        return None
+    funcs[0].name = "_"  # a renamed copy of the starting code is still the starting code
+    return ast.dump(funcs[0])
+
+
+def shipped_unchanged(fn: object, start: str) -> bool:
+    """Is ``fn`` the exercise's starting code ``start`` (a ``def``), changed in comments at most?
+
+    Compared by syntax tree, from the source IPython keeps of each cell (``inspect.getsource``);
+    a function whose source cannot be read counts as changed, so it is graded.
+    """
+    if not isinstance(fn, types.FunctionType):
+        return False
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    mine = _function_ast(source)
+    return mine is not None and mine == _function_ast(start)
+
+
+def not_answered(title: str, what: str, hint: str) -> Feedback:
+    """The feedback for a bug hunt run as shipped: not an attempt, and no answer shown."""
+    fb = Feedback(title)
+    fb.answered = False
+    sentence = (
+        f"{what} is still the exercise's starting code: find the bug, change it, then run the "
+        "cell again (this run did not count as an attempt)"
+    )
+    fb.problems, fb.briefs = [sentence], [sentence]
+    fb.hint(hint)
+    return fb
 
 
 def _positive_int(value: object, name: str, purpose: str) -> int:
@@ -59,7 +131,6 @@ def _flat_floats(values: object) -> torch.Tensor | None:
     return flat
 
 
-@checker
 def check_ddp_script(
     script: str | os.PathLike,
     reference_params: Sequence[float] | torch.Tensor,
@@ -78,11 +149,29 @@ def check_ddp_script(
     ref = _flat_floats(reference_params)
     if ref is None or not bool(torch.isfinite(ref).all()):
         raise ValueError(f"{purpose}: reference_params must be finite numbers")
-    fb = Feedback(f"{os.path.basename(script)} trains like one process on the full batch")
-    fb.hint(
-        "two things to look at: how the sampler shuffles from one epoch to the next, and "
-        "what DDP already does to the gradients"
-    )
+    title = f"{os.path.basename(script)} trains like one process on the full batch"
+    hint = "compare the training loop with ddp_train.py's, line by line"
+    try:
+        digest = hashlib.sha256(open(script, "rb").read()).hexdigest()  # noqa: SIM115
+    except OSError:
+        digest = None  # launch() says what is wrong with the path
+    if digest == DDP_EXERCISE_SHA256:
+        return not_answered(title, os.path.basename(script), hint)
+    return _check_ddp_run(script, ref, nproc, timeout, atol, title, hint)
+
+
+@checker
+def _check_ddp_run(
+    script: str | os.PathLike,
+    ref: torch.Tensor,
+    nproc: int,
+    timeout: float,
+    atol: float,
+    title: str,
+    hint: str,
+) -> Feedback:
+    fb = Feedback(title)
+    fb.hint(hint)
     try:
         result = launch(script, nproc=nproc, timeout=timeout, echo=None)
     except LaunchError as exc:
@@ -214,6 +303,120 @@ def check_allreduce_counts(
     return fb
 
 
+def _counting_ddp(module: nn.Module) -> tuple[nn.Module, list[int]]:
+    """``module`` in DDP, with a communication hook that counts the buckets it reduces."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(module)
+    calls = [0]
+
+    def hook(state, bucket):
+        calls[0] += 1
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    return ddp, calls
+
+
+@checker(answers=("accumulate",))
+def check_no_sync_step(
+    accumulate: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None], k: int = 4
+) -> Feedback:
+    """``accumulate(model, x, y, k)``: ``model`` is a DDP model; cut the batch into ``k``
+    micro-batches and leave in ``.grad`` the full batch's MSE gradients, all-reducing each
+    gradient bucket once (``no_sync()`` around all but the last backward).
+
+    Runs in this process: a one-process gloo group (created here and destroyed after, unless
+    one exists already), a seeded model, and a communication hook that counts the all-reduces.
+    The reference (one backward over the whole batch, its all-reduces counted) comes first,
+    on private copies.
+    """
+    import torch.distributed as dist
+
+    k = _positive_int(k, "k", "check_no_sync_step")
+    fb = Feedback(f"{k} micro-batches under DDP: full-batch gradients, one all-reduce per bucket")
+    fb.hint(
+        "inside `with model.no_sync():` a backward only adds to .grad; DDP all-reduces at the "
+        "first backward outside it: which one should that be?"
+    )
+    fb.fix(
+        "with model.no_sync(): backward of all micro-batches but the last, each loss divided "
+        "by k; then the last micro-batch's backward outside it, which all-reduces the sum"
+    )
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        created = True
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            base = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+            gen = torch.Generator().manual_seed(1)
+            x, y = torch.randn(8 * k, 16, generator=gen), torch.randn(8 * k, 4, generator=gen)
+        ref, ref_calls = _counting_ddp(copy.deepcopy(base))
+        nn.functional.mse_loss(ref(x), y).backward()
+        buckets = ref_calls[0]
+        ref_grads = [p.grad.clone() for p in ref.parameters()]
+        model, calls = _counting_ddp(copy.deepcopy(base))
+        weights = [p.detach().clone() for p in model.parameters()]
+        backwards: list[int] = []
+        first = next(model.module.parameters())
+        hook = first.register_post_accumulate_grad_hook(lambda p: backwards.append(1))
+        try:
+            fb.run("accumulate(model, x, y, k)", accumulate, model, Given("x", x), Given("y", y), k)
+        finally:
+            hook.remove()
+        fb.expect(
+            all(
+                torch.equal(w, p.detach()) for w, p in zip(weights, model.parameters(), strict=True)
+            ),
+            "the weights changed: only accumulate the gradients, do not step",
+            brief="the weights changed",
+        )
+        fb.expect(
+            len(backwards) == k,
+            f"{len(backwards)} backward pass(es) reached the model; run one per micro-batch ({k})",
+            brief=f"not one backward per micro-batch ({k})",
+        )
+        if calls[0] == 0:
+            fb.expect(
+                False,
+                "no all-reduce ran: every backward was inside no_sync(), so each rank keeps "
+                "its own gradients and the ranks drift apart",
+                brief="the gradients were never all-reduced",
+            )
+        elif calls[0] != buckets:
+            fb.expect(
+                False,
+                f"{calls[0]} all-reduces ran for a model whose gradients fill {buckets} "
+                f"bucket(s): one backward outside no_sync() should make {buckets}",
+                brief="more all-reduces than one per bucket",
+            )
+        grads = [p.grad for p in model.parameters()]
+        fb.require(
+            all(g is not None for g in grads),
+            "some parameters have no gradient: call backward on each micro-batch's loss",
+            brief="some parameters have no gradient",
+        )
+        diff = max((g - r).abs().max().item() for g, r in zip(grads, ref_grads, strict=True))
+        if not (math.isfinite(diff) and diff <= 1e-6):
+            ratio = sum(float(g.norm()) for g in grads) / max(
+                sum(float(r.norm()) for r in ref_grads), 1e-30
+            )
+            size = f"they are {k}x too large; " if abs(ratio - k) < 0.05 * k else ""
+            fb.expect(
+                False,
+                f"{size}the gradients differ from one backward over the whole batch by up "
+                f"to {diff:.1e}",
+                brief="the gradients differ from the full batch's",
+            )
+    finally:
+        if created:
+            dist.destroy_process_group()
+    return fb
+
+
 @checker(answers=("bubble",))
 def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     """``bubble(p, m)``: the fraction of time a GPipe stage idles, p stages and m micro-batches."""
@@ -241,8 +444,31 @@ def check_bubble(bubble: Callable[[int, int], float]) -> Feedback:
     return fb
 
 
-@checker(answers=("step",))
 def check_microbatch_step(
+    step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: int = 4,
+    atol: float = 1e-6,
+) -> Feedback:
+    """``step(model, x, y, m)`` must leave in ``.grad`` the full batch's MSE gradients (see
+    ``_check_microbatch_step``). Notebook 04's starting code (``MICROBATCH_START``, right only
+    when the micro-batches are equal) run as shipped on uneven ones is not an answer yet."""
+    uneven = isinstance(x, torch.Tensor) and isinstance(m, int) and 0 < m <= len(x)
+    uneven = uneven and len({len(c) for c in x.chunk(m)}) > 1
+    if uneven and shipped_unchanged(step, MICROBATCH_START):  # wrong here on purpose
+        return not_answered(
+            f"{m} micro-batches give the full-batch gradients",
+            "microbatch_step",
+            "how many samples are in each micro-batch here, and what is the whole batch's "
+            "mean loss in terms of the micro-batches' mean losses?",
+        )
+    return _check_microbatch_step(step, model, x, y, m, atol)
+
+
+@checker(answers=("step",))
+def _check_microbatch_step(
     step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
     model: nn.Module,
     x: torch.Tensor,
@@ -280,8 +506,9 @@ def check_microbatch_step(
         "micro-batches' mean losses?"
     )
     fb.fix(
-        "cut x and y the same way (torch.chunk(x, m), torch.chunk(y, m)), divide each "
-        "micro-batch's loss by m and call backward on it: gradients add up in .grad"
+        "cut x and y the same way (x.chunk(m), y.chunk(m)), weight each micro-batch's mean "
+        "loss by its share of the batch, len(xm) / len(x) (1 / m when they are equal), and "
+        "call backward on it: gradients add up in .grad"
     )
     ref = copy.deepcopy(model)
     ref.zero_grad(set_to_none=True)
@@ -290,6 +517,13 @@ def check_microbatch_step(
     except RuntimeError as err:
         first = str(err).splitlines()[0]
         raise ValueError(f"{purpose}: the model cannot train on x and y ({first})") from None
+    sizes = [len(c) for c in x.chunk(m)]
+    by_m = None  # the gradients of "divide each micro-batch's loss by m", when sizes differ
+    if len(set(sizes)) > 1:
+        by_m = copy.deepcopy(model)
+        by_m.zero_grad(set_to_none=True)
+        for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
+            (nn.functional.mse_loss(by_m(xm), ym) / len(sizes)).backward()
     mine = copy.deepcopy(model)
     mine.zero_grad(set_to_none=True)
     shapes = [(name, p.shape) for name, p in mine.named_parameters()]
@@ -342,6 +576,16 @@ def check_microbatch_step(
             sum(float(r.norm()) for _, _, r in pairs), 1e-30
         )
         size = f"they are {m}x too large; " if abs(ratio - m) < 0.05 * m else ""
+        if by_m is not None and all(
+            torch.allclose(g, q.grad, atol=atol)
+            for (_, g, _), q in zip(
+                pairs, [q for q in by_m.parameters() if q.requires_grad], strict=True
+            )
+        ):
+            size = (
+                f"the micro-batches hold {sizes} samples, yet each loss was divided by {m}: "
+                "the short one then counts as much as a full one; "
+            )
         fb.expect(
             False,
             f"{size}the gradients differ from the full batch by up to {diff:.1e}",
@@ -358,14 +602,25 @@ def _two_stages(d0: torch.device, d1: torch.device) -> tuple[nn.Module, nn.Modul
     return stage0, stage1
 
 
-@checker(answers=("forward",))
 def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
     """``forward(stage0, stage1, x, d0, d1) -> output``: run stage 0 on ``d0``, stage 1 on ``d1``.
 
     The checker trains nothing: it runs the learner's forward once on a seeded batch, calls
     backward on an MSE loss (labels on the output's device), and compares the output and every
-    gradient of both stages with the same layers run on one device.
+    gradient of both stages with the same layers run on one device. The colleague's code as
+    shipped (``SPLIT_FORWARD_START``) is not an answer yet.
     """
+    if shipped_unchanged(forward, SPLIT_FORWARD_START):
+        return not_answered(
+            "a forward pass split over two devices that autograd can go back through",
+            "split_forward",
+            "train it for a few steps, or look at which parameters get a gradient",
+        )
+    return _check_split_forward(forward, devices)
+
+
+@checker(answers=("forward",))
+def _check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
     need = "check_split_forward needs two devices, e.g. devices.demo_devices(2)"
     if isinstance(devices, (str, torch.device)):
         raise ValueError(need)
