@@ -1,9 +1,10 @@
 """Saved notebooks must not give the exercises away (issue 20 §6, "Spoilers").
 
-Two rules, for the notebooks in ``CHECKED`` (the others join as their pass lands):
+Two rules, for every notebook:
 
 1. A collapsed solution cell (``metadata.jupyter.source_hidden``) shows only its first line
-   when collapsed; that line must say it is a solution and nothing more.
+   when collapsed; that line must say it is a solution and nothing more: ``# Solution to
+   exercise N (expand to read)`` (or ``to the task``), or a ``Solutions`` heading.
 2. The saved output of an exercise cell (one that calls a checker without ``.assert_passed()``)
    is the checker's response to the untouched cell: never a pass, and it never quotes a line
    of the reference solution that the exercise cell itself does not show.
@@ -18,8 +19,8 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CHECKED = ("01", "06")
-NEUTRAL = re.compile(r"^# Solution to exercise \d+ \(expand to read\)$")
+CHECKED = tuple(sorted(p.name.split("_")[0] for p in NOTEBOOKS.glob("[0-9]*.ipynb")))
+NEUTRAL = re.compile(r"^(# Solution to (exercise \d+|the task) \(expand to read\)|#+ Solutions)$")
 CHECKER_CALL = re.compile(r"\b(?:ex\.)?check_\w+\(")
 
 
