@@ -239,14 +239,11 @@ SCALE_OUT = ("08_sharding.ipynb",)
 FULL_DAY_CUTS = {
     # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
     # a terminal: reading, or a demo from the instructor's screen
-    "03_data_parallelism.ipynb": ("3.", "4."),  # FSDP2 is 08's subject; 03 §4 is reading here
-    "01_moving_tensors.ipynb": ("7.",),  # timing a transfer: reading
-    "05_out_of_memory.ipynb": ("4.", "5."),  # snapshots, fragmentation; the clinic: reading
-    "06_mixed_precision_and_cudnn.ipynb": ("5.",),  # the speed table: a GPU's story, reading
-    "04_model_parallelism.ipynb": ("4.",),  # the pipelining API on 2 processes: a demo
+    "03_data_parallelism.ipynb": ("3.",),
 }
-#: Notebooks the full day leaves for homework or a second day (no room for them in 510 minutes).
-SECOND_DAY = ("05a_where_memory_goes.ipynb",)
+#: Notebooks the full day leaves for homework or a second day (none since the editorial pass:
+#: 00-07 and 05a fit in the day's teaching time).
+SECOND_DAY: tuple[str, ...] = ()
 
 
 def _full_day_part(name: str) -> Part:
@@ -262,11 +259,11 @@ SYLLABI: tuple[Syllabus, ...] = (
         (
             Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), note="live"),
             Part("00_start_here.ipynb", ("Exercises",), exercises=1),
-            Part("05_out_of_memory.ipynb", ("Intro", "1.", "2."), note="live"),
+            Part("05_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
             Part("05_out_of_memory.ipynb", ("Exercises",), exercises=1),
         ),
-        "notebooks 01-04, 06 and 07, 05's sections 3, 4 and 5 and the other exercises (give them "
-        "as homework); the scale-out notebook 08",
+        "notebooks 01-04, 05a, 06 and 07, 05's sections 4 and 5 and the other exercises (give "
+        "them as homework); the scale-out notebook 08",
         slack_min=10,
     ),
     Syllabus(
@@ -276,11 +273,13 @@ SYLLABI: tuple[Syllabus, ...] = (
         (
             Part("00_start_here.ipynb", None, exercises=1),
             Part("01_moving_tensors.ipynb", None, exercises=1),
+            Part("02_creating_tensors_on_the_right_device.ipynb", None, exercises=1),
             # 05's section 5, the clinic of planted bugs: homework
             Part("05_out_of_memory.ipynb", None, exercises=1, leave_out=("5.",)),
+            Part("06_mixed_precision_and_cudnn.ipynb", None, exercises=1),
         ),
-        "notebooks 02-04, 05a, 06 and 07, 05's section 5 (the clinic) and two exercises of each "
-        "notebook taught (homework, in that order); the scale-out notebook 08",
+        "notebooks 03, 04, 05a and 07, 05's section 5 (the clinic) and the other exercises of "
+        "each notebook taught (homework, in that order); the scale-out notebook 08",
         slack_min=20,
     ),
     Syllabus(
@@ -288,10 +287,8 @@ SYLLABI: tuple[Syllabus, ...] = (
         510,
         90,
         tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
-        "all but one exercise of each notebook (homework); 01's section 7, 05's sections 4 "
-        "and 5 and 06's section 5, the speed table (reading); notebook 05a, the formulas and "
-        "the calculator (homework, or a second day); 03's section 3, multi-node and Slurm "
-        "(reading, or a demo on `make cluster`); the scale-out notebook 08 (a second day)",
+        "all but one exercise of each notebook (homework); 03's section 3, multi-node and "
+        "Slurm (reading, or a demo on `make cluster`); the scale-out notebook 08 (a second day)",
         slack_min=30,
     ),
 )
