@@ -210,7 +210,7 @@ def _check_exists(device: torch.device) -> torch.device:
         if reason is not None:
             raise DeviceUnavailableError(
                 f"{device} was asked for, but CUDA is not available: {reason}. "
-                "Notebook 00 shows how to get a GPU on Colab."
+                "On Colab: Runtime > Change runtime type > GPU."
             )
         index = 0 if device.index is None else device.index
         count = gpu_count()
