@@ -32,6 +32,22 @@ _hypothesis_settings.register_profile("explore", derandomize=False, database=Non
 _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def load_file(path: Path, name: str | None = None) -> types.ModuleType:
+    """Import a file that is not in a package (tools/, benchmarks/, notebooks/scripts/) by its path.
+
+    The module is registered in ``sys.modules`` under ``name`` (the file's stem by default)
+    before it runs, as a real import would: dataclasses look their module up there.
+    """
+    import importlib.util
+
+    name = name or Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Every test's tensors are tiny: one intra-op thread runs them fastest, above all with two

@@ -4,21 +4,18 @@ notebook 05 runs them and checks what they return)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("allocator_gpu", SCRIPTS / "allocator_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPTS / "allocator_gpu.py")
 
 
 @no_cuda

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 from torch import nn
 from torch.nn import functional as F
 
@@ -384,14 +385,10 @@ def _uneven():
 
 def _from_source(source: str, name: str, tmp_path):
     """A function defined in a file, as a notebook cell defines it (its source readable)."""
-    import importlib.util
 
     path = tmp_path / f"{name}_cell.py"
     path.write_text("from torch.nn import functional as F\n" + source)
-    spec = importlib.util.spec_from_file_location(f"{name}_cell", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(load_file(path), name)
 
 
 def _mb_model():

@@ -6,23 +6,20 @@ learner running the script does), and every demo the notebook calls must exist."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SCRIPT = NOTEBOOKS / "scripts" / "transfer_gpu.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("transfer_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT, "transfer_gpu")
 
 
 def _called_by_notebook() -> set[str]:
@@ -55,12 +52,7 @@ def test_running_the_script_without_cuda_exits_1_with_one_line(capsys):
 
 
 def _cudnn_script():
-    spec = importlib.util.spec_from_file_location(
-        "cudnn_benchmark", NOTEBOOKS / "scripts" / "cudnn_benchmark.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(NOTEBOOKS / "scripts" / "cudnn_benchmark.py")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")

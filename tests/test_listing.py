@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 from tutorial_utils.listing import excerpt, show
 
@@ -77,13 +76,7 @@ def test_show_returns_highlighted_code(script: Path, monkeypatch) -> None:
 
 
 def _course_times():
-    spec = importlib.util.spec_from_file_location(
-        "course_times", ROOT / "tools" / "course_times.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("course_times", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "tools" / "course_times.py")
 
 
 def test_course_times_counts_the_script_lines_a_cell_shows(script: Path) -> None:

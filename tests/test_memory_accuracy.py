@@ -6,12 +6,11 @@ events (independent), ``memory.breakdown`` (real step) and ``memory.estimate`` (
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 from torch import nn
 
 from tutorial_utils import anatomy, memory, models
@@ -19,11 +18,7 @@ from tutorial_utils import anatomy, memory, models
 
 def _load_benchmark():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_accuracy.py"
-    spec = importlib.util.spec_from_file_location("memory_accuracy", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path)
 
 
 bench = _load_benchmark()

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "seed_coverage", ROOT / "tools" / "seed_coverage.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("seed_coverage", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "tools" / "seed_coverage.py")
 
 
 def test_every_seed_row_points_at_a_cell_that_still_answers_it():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
 
@@ -42,12 +43,7 @@ def test_cuda_visible_devices_checks_what_each_child_sees():
 
 
 def _script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPTS / name)
 
 
 @pytest.mark.parametrize(
