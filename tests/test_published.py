@@ -69,3 +69,18 @@ def test_the_module_docstring_example_runs():
     import doctest
 
     assert doctest.testmod(published, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_every_figure_is_shown_by_a_notebook():
+    """A quoted figure no notebook shows is data nobody reads: show it, or drop it."""
+    import re
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+    shown = set()
+    for path in notebooks.glob("[0-9]*.ipynb"):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] == "code":
+                shown |= set(re.findall(r'published\.show\("(\w+)"\)', "".join(cell["source"])))
+    assert set(published.keys()) - shown == set(), "figures no notebook shows"
+    assert shown - set(published.keys()) == set(), "notebooks show figures that do not exist"
