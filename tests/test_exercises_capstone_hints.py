@@ -48,11 +48,11 @@ def step(model, optimizer, x, y, k=4, bf16=False, one_graph=False):
 
 def _budgets() -> tuple[CapstoneTask, CapstoneTask]:
     """Two budgets from the grader's own peaks. They count every tensor alive in the process,
-    so they are measured right before each test: tensors that earlier tests in the same process
-    left alive count too, and budgets measured once at import drift. ROOMY: 4 micro-batches fit
-    with 3% to spare, and every attempt below runs out at step 1 (their peaks are at least
-    1.1x). TIGHT: step 1 of 4 micro-batches fits; step 2, which adds Adam's state (2 floats per
-    parameter), not."""
+    so they are measured when this module's tests start, not at import: tensors that earlier
+    test files in the same process left alive count too, and budgets measured at import drift.
+    ROOMY: 4 micro-batches fit with 3% to spare, and every attempt below runs out at step 1
+    (their peaks are at least 1.1x). TIGHT: step 1 of 4 micro-batches fits; step 2, which adds
+    Adam's state (2 floats per parameter), not."""
     reset_attempts()
     k4 = grade(step, BIG, exercise="budgets").peak_bytes
     others = [
@@ -73,7 +73,7 @@ def _fresh_attempts():
     reset_attempts()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def budgets():
     import gc
 

@@ -460,3 +460,44 @@ def test_notebook_03_shows_sbatch_lines_that_are_in_the_script():
     assert len(quoted) >= 10
     missing = [line for line in quoted if line not in script]
     assert not missing, missing
+
+
+@pytest.mark.slow
+def test_no_sync_checker_never_hangs_when_its_ddp_models_are_freed(tmp_path):
+    """Freeing a DDP model whose comm-hook callback still waits for the GIL used to destroy the
+    gloo group from inside the reducer's destructor, which joined gloo's thread with the GIL held:
+    a hang that `make test` met under load (pytest-timeout cannot interrupt it). Before the fix,
+    a minute of this loop beside two busy cores hung (seen twice); now the checker drains the
+    group first.
+    """
+    import subprocess
+
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import test_exercises_parallel as t\n"
+        "from tutorial_utils.exercises import reset_attempts\n"
+        "from tutorial_utils.exercises.parallel import check_no_sync_step\n"
+        "fns = [t._acc_right, t._acc_plain, t._acc_never_syncs, t._acc_unscaled,\n"
+        "       t._acc_one_backward, t._acc_steps]\n"
+        "import time\n"
+        "end = time.monotonic() + 60\n"
+        "while time.monotonic() < end:\n"
+        "    for f in fns:\n"
+        "        reset_attempts()\n"
+        "        check_no_sync_step(f, k=4)\n"
+        "print('done')\n"
+    )
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=150
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("check_no_sync_step hung: a DDP model freed with its group's work pending")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert run.returncode == 0 and "done" in run.stdout, run.stderr[-2000:]

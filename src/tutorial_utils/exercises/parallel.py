@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import gc
 import hashlib
 import inspect
 import math
@@ -348,6 +349,7 @@ def check_no_sync_step(
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         created = True
+    ref = model = None
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -412,6 +414,15 @@ def check_no_sync_step(
                 brief="the gradients differ from the full batch's",
             )
     finally:
+        # The counting hook's all-reduce ends with a Python callback on gloo's worker thread. A
+        # DDP model freed while that callback waits for the GIL drops the last reference to the
+        # group, whose destructor joins that thread with the GIL held: a hang (seen under load).
+        # barrier() waits with the GIL released, so every callback has run when it returns; the
+        # models go next, while the group still exists, and the group last.
+        if dist.is_initialized():
+            dist.barrier()
+        ref = model = None
+        gc.collect()
         if created:
             dist.destroy_process_group()
     return fb
