@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import math
 import re
@@ -134,6 +135,17 @@ def _nonblank(text: str) -> int:
     return sum(1 for line in text.splitlines() if line.strip())
 
 
+@functools.cache
+def _listing_excerpt():
+    """``listing.excerpt`` from this checkout's src/, imported once (not once per code cell)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    try:
+        from tutorial_utils.listing import excerpt
+    finally:
+        sys.path.pop(0)
+    return excerpt
+
+
 def shown_lines(code: str, where: Path) -> int:
     """Non-blank lines of the scripts that this code cell displays, read by the learner.
 
@@ -142,11 +154,7 @@ def shown_lines(code: str, where: Path) -> int:
     folder, where its cells run). ``listing.excerpt`` computes what ``show`` displays, so the
     count is the displayed text, header line included.
     """
-    sys.path.insert(0, str(ROOT / "src"))
-    try:
-        from tutorial_utils.listing import excerpt
-    finally:
-        sys.path.pop(0)
+    excerpt = _listing_excerpt()
     try:
         tree = ast.parse(code)
     except SyntaxError:
