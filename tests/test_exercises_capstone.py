@@ -149,6 +149,7 @@ def test_the_books_are_checked_against_what_the_step_made(task, monkeypatch):
         self.forwards += 1
 
     monkeypatch.setattr(capstone._Watch, "_check", blind)
+    monkeypatch.setattr(capstone._Threads, "__enter__", lambda self: self)  # blind too
     fb = grade(_plain_in_a_thread, task).feedback
     assert not fb.passed
     assert "less than the gradients and optimizer state your step made" in str(fb)
@@ -392,3 +393,142 @@ def test_the_graders_peak_is_what_memory_measure_sees_of_the_same_steps(task):
     copies = task.tokens.nbytes + task.labels.nbytes  # the step gets its own copy of the batch
     assert abs(mine.peak_bytes + copies - result.peak_bytes) <= 0.05 * task.budget_bytes
     assert losses[-1] < losses[0], "and the loss falls"
+
+
+# --- issue 31: references from private copies, what each call carried, the grader's own claims
+
+
+def test_a_step_that_overwrites_the_notebooks_batch_fails_and_the_batch_is_put_back(task):
+    """Issue 31 §1: a step that trains on 64 of 512 rows and copies them over the notebook's
+    batch (a global) made the references, computed after it from ``task.tokens``, agree."""
+    original = (task.tokens.clone(), task.labels.clone())
+
+    def overwrite(model, optimizer, x, y):
+        for i in range(1, 8):  # row by row: no big temporary under the budget
+            task.tokens[64 * i : 64 * (i + 1)].copy_(task.tokens[:64])
+            task.labels[64 * i : 64 * (i + 1)].copy_(task.labels[:64])
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the reference made after the call
+            return micro(model, optimizer, x[:64], y[:64], k=1)
+
+    fb = grade(overwrite, task).feedback
+    assert not fb.passed
+    assert "changed the notebook's tokens and labels" in str(fb)
+    assert torch.equal(task.tokens, original[0]) and torch.equal(task.labels, original[1])
+
+
+def _functional_plain(model, optimizer, x, y):
+    """The plain step through functional ops and autograd.grad: no module hook sees it."""
+    optimizer.zero_grad()
+    model(x[:1])  # one forward in view, for the hooks
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    params = [p for m in linears for p in (m.weight, m.bias)]
+    with torch._C._DisableTorchDispatch():
+        h = x
+        for i, m in enumerate(linears):
+            h = nn.functional.linear(h, m.weight, m.bias)
+            h = h if i == len(linears) - 1 else torch.relu(h)
+        loss = nn.functional.cross_entropy(h, y)
+        grads = torch.autograd.grad(loss, params)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    optimizer.step()
+    return loss.item()
+
+
+def test_a_functional_step_with_dispatch_disabled_is_refused(task):
+    """Issue 31 §2: functional ops plus autograd.grad under _DisableTorchDispatch hid from the
+    hooks and the accountant; the CPU allocator's events see it."""
+    fb = grade(_functional_plain, task).feedback
+    assert not fb.passed
+    assert "the CPU allocator saw" in str(fb)
+
+
+def test_a_functional_step_in_a_thread_is_refused(task):
+    def threaded(model, optimizer, x, y):
+        box = {}
+        worker = threading.Thread(
+            target=lambda: box.update(loss=_functional_plain(model, optimizer, x, y))
+        )
+        worker.start()
+        worker.join()
+        return box["loss"]
+
+    fb = grade(threaded, task).feedback
+    assert not fb.passed
+    assert "thread(s) started during the step" in str(fb)
+
+
+def test_a_step_that_fits_but_computes_the_wrong_thing_gets_a_hint_about_that(task):
+    """Issue 31 §2: a step dividing by k + 1 fit, and was told to use more micro-batches."""
+    fb = grade(lambda m, o, x, y: micro(m, o, x, y, k=4, scale=True) * 4 / 5, task).feedback
+    fb2 = grade(lambda *a: _k_plus_one(*a), task).feedback
+    for f in (fb, fb2):
+        assert not f.passed
+        assert all("micro-batches (twice" not in h for h in f.hints + f.fixes), f.hints
+    assert "does not compute what the plain step computes" in fb2.hints[0]
+
+
+def _k_plus_one(model, optimizer, x, y, k=4):
+    optimizer.zero_grad()
+    total = 0.0
+    for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
+        loss = nn.functional.cross_entropy(model(xc), yc) / (k + 1)
+        loss.backward()
+        total += loss.item()
+    optimizer.step()
+    return total
+
+
+def test_the_gradients_problem_is_said_once(task):
+    fb = grade(_k_plus_one, task).feedback
+    assert sum("your gradients" in p for p in fb.problems) == 1, fb.problems
+
+
+def test_one_backward_over_micro_batches_is_refused_even_when_it_fits(task):
+    """Issue 31 §2, 07 exercise 3: one graph over 8 micro-batches, one backward, checkpointed."""
+
+    def one_backward(model, optimizer, x, y, k=8):
+        optimizer.zero_grad()
+        total = 0.0
+        for xc, yc in zip(x.chunk(k), y.chunk(k), strict=True):
+            total = (
+                total
+                + nn.functional.cross_entropy(checkpoint(model, xc, use_reentrant=False), yc) / k
+            )
+        total.backward()
+        optimizer.step()
+        return total.item()
+
+    fb = grade(one_backward, task).feedback
+    assert not fb.passed
+    assert "keeps all their graphs alive at once" in fb.briefs[0]
+
+
+def test_fp32_gradients_are_asked_of_every_call(task):
+    """Issue 31 §2, 07 exercise 2: fp32 in the first, unbudgeted call, bf16 under the budget."""
+    calls = []
+
+    def sneaky(model, optimizer, x, y):
+        calls.append(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=len(calls) > 1):
+            return micro(model, optimizer, x, y)
+
+    fb = grade(sneaky, task, fp32_gradients=True).feedback
+    assert not fb.passed
+    assert "in step 1 your sneaky ran its forward under autocast" in str(fb)
+
+
+def test_calling_the_worked_solution_is_not_an_answer(task):
+    """Issue 31 §2: `return solution_step(...)` passed 07's task."""
+
+    def lazy(model, optimizer, x, y):
+        capstone.solution_step(model, optimizer, x, y)
+        return micro(model, optimizer, x, y)
+
+    # the MLP has no embed/encoder/head, so solution_step raises: count the call all the same
+    fb = grade(lazy, task).feedback
+    assert not fb.passed
+    before = capstone._solution_calls
+    with pytest.raises(ValueError):
+        capstone.solution_step(task.make_model(), None, task.tokens, task.labels)
+    assert capstone._solution_calls == before + 1

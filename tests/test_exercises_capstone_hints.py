@@ -158,7 +158,7 @@ def test_solution_step_passes_on_the_capstone_model_and_refuses_another():
         return TinyTransformer(vocab=100, d_model=16, n_heads=2, n_layers=2, n_classes=5, seed=0)
 
     task = CapstoneTask(tiny, tokens, labels, budget_bytes=2**30, device=CPU)
-    assert grade(solution_step, task).feedback.passed
+    assert grade(solution_step, task, solution_allowed=True).feedback.passed
     with pytest.raises(ValueError, match="TinyTransformer"):
         model = make_model()
         solution_step(model, torch.optim.Adam(model.parameters()), X, Y)

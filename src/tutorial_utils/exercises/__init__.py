@@ -76,7 +76,35 @@ Writing a checker (every checker in this package follows this shape)::
   machine lacks) raise ``ValueError`` (or ``DeviceUnavailableError``) with one sentence: that is
   the notebook's bug, not the learner's. ``answers.checker_device`` checks a device argument.
 - Give each checker a property test in ``tests/test_exercises_properties.py``: random wrong
-  answers (None, NaN, wrong shapes, devices and dtypes, objects equal to everything) never pass.
+  answers (None, NaN, wrong shapes, devices and dtypes, objects equal to everything) never pass,
+  and add the plain mistakes a learner makes to ``tests/test_wrong_answers.py``.
+
+Only the checker's own verdict counts
+-------------------------------------
+``@checker`` returns the feedback the checker built. A ``_Stop`` that carries any other
+``Feedback`` (one made by the learner's code, raised from a returned number's ``__float__`` or
+a module's ``buffers()`` while the checker looks at it) is the answer's exception, and fails the
+check like any other: a ``Feedback`` is the checker's own when it was made, during this call,
+by the checker's module or by this package.
+
+The shipped code of every exercise
+----------------------------------
+A function or class that is still what an exercise cell ships (its TODO, or the bug hunt's
+starting code) is not an answer either: ``shipped.json``, derived from the notebooks by
+``tools/shipped_exercises.py`` (a test keeps it current), lists the syntax tree of every
+``def`` and ``class`` in every exercise cell, and ``@checker`` looks each argument up in it
+(``shipped.is_shipped``). So Run All on a fresh notebook counts no attempt, whatever the
+exercise ships.
+
+Out of scope
+------------
+The learner's code runs in the checker's process, and Python lets it rewrite anything. Tricks
+aimed at the grader itself (reading the reference from the checker's frame, patching the
+checker's module or ``Feedback``, swapping ``Feedback.problems``, editing the memory books
+between two of the grader's looks) are not mistakes a learner makes, and the checkers do not
+try to rule them out. Everything a learner does by mistake is in scope: a wrong value, a value
+that only looks right (an ``int`` subclass, a tensor subclass, NaN), an input changed in
+place, a global changed, code that raises, code that runs where the grader cannot count it.
 """
 
 from __future__ import annotations
@@ -84,6 +112,7 @@ from __future__ import annotations
 import functools
 import html
 import inspect
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -142,6 +171,18 @@ class Feedback:
     detailed: bool = False
     attempt: int = 0  # failed attempts of this exercise so far, this one included (0: not counted)
     answered: bool = True  # False: the answer is still the exercise's placeholder (not counted)
+
+    def __post_init__(self) -> None:
+        # whose feedback is this? The checker's, when the checker running now made it (from
+        # its own module or this package); the learner's code makes feedback no checker trusts
+        maker = sys._getframe(2).f_globals  # 0: here, 1: the dataclass's __init__
+        call = _running[-1] if _running else None
+        ours = call is not None and (
+            maker is call.globals or str(maker.get("__name__", "")).startswith(_PACKAGE)
+        )
+        self._owner = call if ours else None
+        if ours:
+            call.made.append(self)
 
     # --- building ---------------------------------------------------------------------------
 
@@ -309,6 +350,18 @@ class Feedback:
 # Attempts: the first failure hints, the next ones explain
 
 _failures: Counter[str] = Counter()
+_PACKAGE = __name__.rsplit(".", 1)[0] + "."  # "tutorial_utils."
+
+
+@dataclass(eq=False)
+class _Running:
+    """One checker call in progress: its module's globals and the feedback it made."""
+
+    globals: dict
+    made: list = field(default_factory=list)
+
+
+_running: list[_Running] = []  # the checker calls in progress, innermost last
 
 
 def reset_attempts() -> None:
@@ -349,10 +402,17 @@ def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
             raise ValueError(f"attempt_key names an exercise with a string, not {attempt_key!r}")
         counted = key if attempt_key is None else f"{key}[{attempt_key}]"
         unanswered = _placeholders(signature, answer_names, zero, args, kwargs)
+        unanswered += _shipped(signature, args, kwargs)
+        call = _Running(fn.__globals__)
+        _running.append(call)
         try:
             fb = fn(*args, **kwargs)
         except _Stop as stop:
             fb = stop.feedback
+            if getattr(fb, "_owner", None) is not call:  # raised by the learner's code
+                fb = _foreign_stop(call, fn)
+        finally:
+            _running.remove(call)
         if unanswered and not fb.passed:
             fb.answered = False
             fb.problems, fb.briefs = list(unanswered), list(unanswered)
@@ -366,6 +426,37 @@ def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
         return fb
 
     return wrapper  # type: ignore[return-value]
+
+
+def _foreign_stop(call: _Running, fn: Callable) -> Feedback:
+    """The checker's feedback when the learner's code ended the check with feedback of its own."""
+    fb = call.made[0] if call.made else Feedback(fn.__name__.replace("_", " "))
+    problem = (
+        "your answer raised the grader's own stop signal (_Stop) while it was being checked: "
+        "return a plain value and let the checker judge it"
+    )
+    fb.problems.append(problem)
+    fb.briefs.append(problem)
+    return fb
+
+
+def _shipped(signature: inspect.Signature, args: tuple, kwargs: dict) -> list[str]:
+    """A sentence for each argument that is still an exercise cell's shipped code."""
+    from .shipped import is_shipped  # reads shipped.json once
+
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return []
+    found = []
+    for name, value in bound.arguments.items():
+        if is_shipped(value):
+            what = getattr(value, "__name__", name)
+            found.append(
+                f"{what} is still the exercise's starting code: change it (fill in the TODO, or "
+                "find the bug), then run the cell again (this run did not count as an attempt)"
+            )
+    return found
 
 
 def _placeholders(
