@@ -28,8 +28,19 @@ def check_shape_tensor(shape_tensor: Callable[[torch.Tensor], torch.Tensor]) -> 
     fb.fix("return torch.tensor(t.shape, device=t.device)")
     cases = [torch.zeros(2, 3), torch.zeros(4, 5, 6, dtype=torch.float64, device=META)]
     for t in cases:  # the learner's code gets a copy of t: changing it (t.resize_) is caught
-        out = fb.run(
-            f"shape_tensor(a {t.device} tensor)", shape_tensor, Given("t", t), returns=torch.Tensor
+        with memory.measure("cpu") as on_cpu:  # for a meta t: nothing may be made on the CPU
+            out = fb.run(
+                f"shape_tensor(a {t.device} tensor)",
+                shape_tensor,
+                Given("t", t),
+                returns=torch.Tensor,
+            )
+        fb.expect(
+            t.device.type == "cpu" or on_cpu.peak_above_start_bytes == 0,
+            f"for a tensor on {t.device} the result was made on the CPU first "
+            f"({on_cpu.peak_above_start_bytes} bytes) and then copied: create it on t's device "
+            "(device=t.device), as this notebook teaches",
+            brief="the result is created on the CPU and copied to the device",
         )
         fb.expect(
             out.device == t.device,
@@ -119,7 +130,9 @@ def check_following_module(
     """Exercise 3: ``make(features)`` returns a module with a registered buffer whose forward,
     given ``(batch, features)``, creates any new tensors from its inputs or parameters.
 
-    Checked by converting the module to float64 and by moving it to ``device`` and to ``'meta'``:
+    Checked by converting the module to float64 and to bfloat16 (a new float32 tensor made with
+    ``device=`` but no ``dtype=`` promotes a bfloat16 output to float32; float64 hides it), and by
+    moving it to ``device`` and to ``'meta'``:
     the output must follow (same dtype and device as the input), with no device error.
     """
     device = checker_device(device, "check_following_module")
@@ -148,6 +161,7 @@ def check_following_module(
         return fb
     targets: list[tuple[str, torch.dtype, torch.device]] = [
         ("float64 on the CPU", torch.float64, torch.device("cpu")),
+        ("bfloat16 on the CPU", torch.bfloat16, torch.device("cpu")),
         (f"float32 on {device}", torch.float32, device),
         ("float32 on meta", torch.float32, META),
     ]

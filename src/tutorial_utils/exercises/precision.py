@@ -149,6 +149,61 @@ def _setup(
     return model, optimizer, scaler, inputs, targets
 
 
+class _Carried:
+    """What each call of the step carried, from hooks on the checker's model: the rows and the
+    autocast dtype of each forward pass (``"F"``) and each backward pass that reached the
+    parameters (``"B"``), in order."""
+
+    def __init__(self, model: nn.Module, device_type: str):
+        self.device_type = device_type
+        self.events: list[tuple] = []
+        first = next(iter(model.parameters()))
+        self.handles = [
+            model.register_forward_pre_hook(self._forward),
+            first.register_post_accumulate_grad_hook(lambda _: self.events.append(("B",))),
+        ]
+
+    def _forward(self, _module, args) -> None:
+        on = torch.is_autocast_enabled(self.device_type)
+        dtype = torch.get_autocast_dtype(self.device_type) if on else None
+        rows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.events.append(("F", rows, dtype))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def require_one_micro_batch_each(self, fb: Feedback, rows: int, dtype: torch.dtype) -> None:
+        """Each of the micro-batches: its own forward (``rows`` rows, under ``dtype`` autocast),
+        then its own backward, before the next forward."""
+        forwards = [e for e in self.events if e[0] == "F"]
+        fb.require(
+            len(forwards) == MICRO_BATCHES and all(e[1] == rows for e in forwards),
+            f"the model ran {len(forwards)} forward passes on "
+            f"{', '.join(str(e[1]) for e in forwards) or 'no'} rows: run one forward per "
+            f"micro-batch ({MICRO_BATCHES} of {rows} rows each)",
+            brief="the forward passes are not one per micro-batch",
+        )
+        pattern = "".join(e[0] for e in self.events)
+        fb.require(
+            pattern == "FB" * MICRO_BATCHES,
+            f"the forward and backward passes ran as {' '.join(pattern)}, not forward, backward "
+            f"for each micro-batch: call scaler.scale(loss).backward() on each micro-batch's loss "
+            "inside the loop (one backward over the summed losses keeps every micro-batch's "
+            "graph alive at once)",
+            brief="each micro-batch does not get its own backward",
+        )
+        wrong = [e[2] for e in forwards if e[2] != dtype]
+        seen = str(wrong[0]).replace("torch.", "") if wrong and wrong[0] else "no"
+        fb.require(
+            not wrong,
+            f"a forward ran under {seen} autocast, not the {str(dtype).replace('torch.', '')} "
+            "the step is given: use "
+            "torch.autocast(device_type, dtype=dtype)",
+            brief="the forward does not run under the autocast dtype it is given",
+        )
+
+
 def _grad_norm(params) -> float:
     return float(torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in params])))
 
@@ -200,6 +255,7 @@ def check_accumulated_clipped_step(
                 [p.grad.detach().float().clone() for p in model.parameters()]
             )
         )
+        carried = _Carried(model, device.type)
         loss = fb.run(
             f"your step (max_norm {max_norm:.3g})",
             step,
@@ -217,11 +273,13 @@ def check_accumulated_clipped_step(
             "micro-batches, and scaler.step(optimizer)",
             brief="the scaler was not used for every backward and for the step",
         )
+        carried.remove()
         fb.require(
             len(stepped) == 1,
             f"the optimizer stepped {len(stepped)} times: step once, after the last micro-batch",
             brief="the optimizer did not step exactly once",
         )
+        carried.require_one_micro_batch_each(fb, len(inputs) // MICRO_BATCHES, torch.float16)
         got = _flat(stepped[0])
         got_norm = float(got.norm())
         fb.require(

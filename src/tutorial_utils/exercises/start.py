@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
 
 import torch
 
+from .. import accounting
 from . import Feedback, checker
 from .answers import checker_device, describe, whole_number
 
@@ -74,11 +77,14 @@ def check_matmul_peak(matmul_peak: Callable[[], object]) -> Feedback:
         f"m.start_bytes: both inputs and the output are alive at once, {a:,} + {b:,} + {out:,} "
         "bytes"
     )
-    values = []
+    values, ran, read_delta = [], [], []
     for _ in range(2):
         already = torch.ones(_MiB // 4)  # 1 MiB alive before the block, as in any notebook
-        got = fb.run("matmul_peak()", matmul_peak)
+        with accounting.measure("cpu") as ours, _reads_of_delta() as reads:
+            got = fb.run("matmul_peak()", matmul_peak)
         del already
+        ran.append(ours.peak_bytes - ours.start_bytes >= expected)
+        read_delta.extend(reads)
         value = whole_number(got)
         fb.require(
             value is not None,
@@ -109,12 +115,44 @@ def check_matmul_peak(matmul_peak: Callable[[], object]) -> Feedback:
             "the block (the checker keeps 1 MiB alive); subtract m.start_bytes",
             brief="the number counts memory that was alive before the block",
         )
+    fb.require(
+        all(ran),
+        "matmul_peak() does not run the matmul on the CPU (the checker saw no "
+        f"{expected:,} bytes alive at once while it ran): measure the expression, do not type "
+        "the number",
+        brief="matmul_peak() does not measure the matmul",
+    )
+    fb.require(
+        not read_delta,
+        "m.delta_bytes is the end minus the start: what is still alive after the block, not the "
+        "highest point during it; the peak above the start is m.peak_bytes - m.start_bytes",
+        brief="the number is the change from start to end, not the peak",
+    )
     fb.expect(
         value == expected,
         f"{value:,} bytes is not the peak above the start",
         brief="the number is wrong",
     )
     return fb
+
+
+@contextlib.contextmanager
+def _reads_of_delta() -> Iterator[list]:
+    """Notes each read of ``Measurement.delta_bytes`` during the block (the concept the peak
+    exercises teach against: end - start equals the peak only when everything stays alive)."""
+    reads: list = []
+    original = accounting.Measurement.__dict__["delta_bytes"]
+
+    def delta_bytes(self):
+        if sys._getframe(1).f_globals.get("__name__") != accounting.__name__:  # not its repr
+            reads.append(1)
+        return original.fget(self)
+
+    accounting.Measurement.delta_bytes = property(delta_bytes, doc=original.__doc__)
+    try:
+        yield reads
+    finally:
+        accounting.Measurement.delta_bytes = original
 
 
 # -----------------------------------------------------------------------------
