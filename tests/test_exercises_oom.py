@@ -54,6 +54,15 @@ def test_evaluate_leaky_loop_fails_with_the_reason() -> None:
             total += nn.functional.cross_entropy(model(x), y)
         return total / len(batches)
 
+    # that is notebook 05's shipped exercise code: not an answer yet (issue 31)
+    assert not ex.check_evaluate(leaky).answered
+
+    def leaky(model, batches):  # the same mistake, typed by the learner
+        running = 0
+        for x, y in batches:
+            running += nn.functional.cross_entropy(model(x), y)
+        return running / len(batches)
+
     fb = ex.check_evaluate(leaky)
     assert not fb.passed
     assert any("graph" in p for p in fb.problems)

@@ -256,6 +256,29 @@ class Feedback:
                 f"expected {names}",
                 brief=f"{what} returned the wrong kind of value",
             )
+        return self._plain(what, result) if returns is not None else result
+
+    def _plain(self, what: str, result: Any) -> Any:
+        """``result`` as a plain value: an ``int`` or ``float`` subclass (whose ``__eq__`` may
+        say yes to anything) becomes an exact ``int`` or ``float``; a tensor subclass (which
+        may answer True to ``torch.equal``) ends the check with a sentence."""
+        import torch  # imported here: this module stays light for the notebooks' first import
+
+        if type(result) in (int, float, bool):
+            return result
+        if isinstance(result, int) and not isinstance(result, bool):
+            return int.__index__(result)  # the value itself, as an exact int
+        if isinstance(result, float):
+            return float.__float__(result)
+        if isinstance(result, torch.Tensor) and type(result) not in (
+            torch.Tensor,
+            torch.nn.Parameter,
+        ):
+            self.fail(
+                f"{what} returned {_a(type(result).__name__)}, a subclass of torch.Tensor: "
+                "return a plain tensor",
+                brief=f"{what} returned a tensor subclass, not a plain tensor",
+            )
         return result
 
     def hint(self, text: str) -> None:

@@ -211,10 +211,11 @@ def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "c
 
 
 def _retry_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
+    with torch.random.fork_rng(devices=[]):  # seed the model without touching the learner's RNG
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
 
 
 @checker(answers=("largest_fitting_batch",))
@@ -251,10 +252,11 @@ def check_largest_batch(
             brief="the answer must be a function",
         )
     model = _retry_model()
+    gen = torch.Generator().manual_seed(1)  # the checker's own: the learner's RNG is left alone
 
     def step(n: int) -> None:
         model.zero_grad(set_to_none=True)
-        x = torch.randn(n, 64)
+        x = torch.randn(n, 64, generator=gen)
         y = torch.zeros(n, dtype=torch.long)
         nn.functional.cross_entropy(model(x), y).backward()
         model.zero_grad(set_to_none=True)
@@ -280,14 +282,16 @@ def check_largest_batch(
 
     got: Any = None
     raised = ""
-    try:
-        got = largest_fitting_batch(try_step, start)
-    except torch.OutOfMemoryError:
-        raised = "OutOfMemoryError"
-    except Exception as exc:  # the learner's code: one sentence, not a deep traceback
-        raised = f"{type(exc).__name__}: {exc}"
-    left = tracker.current_bytes - tracker.start_bytes  # after the exception (if any) is gone
-    tracker.stop()
+    try:  # stop the tracker on every path (a KeyboardInterrupt too): its accountant slows ops
+        try:
+            got = largest_fitting_batch(try_step, start)
+        except torch.OutOfMemoryError:
+            raised = "OutOfMemoryError"
+        except Exception as exc:  # the learner's code: one sentence, not a deep traceback
+            raised = f"{type(exc).__name__}: {exc}"
+        left = tracker.current_bytes - tracker.start_bytes  # after the exception is gone
+    finally:
+        tracker.stop()
     model.zero_grad(set_to_none=True)
     sizes = ", ".join(str(n) for n in tried) or "none"
     if fits in tried and (raised or got != fits):

@@ -161,6 +161,50 @@ def check_ddp_script(
     return _check_ddp_run(script, ref, nproc, timeout, atol, title, hint)
 
 
+#: The learning rate of ``ddp_train.py`` and ``ddp_exercise.py`` (``ref_params`` was trained at it).
+DDP_LR = 0.1
+
+
+def _learning_rate_changed(script: str | os.PathLike) -> str | None:
+    """How the script changes the course's learning rate, or ``None``: the module constant
+    ``LR`` and every ``lr=`` keyword must be ``DDP_LR`` (or the name ``LR``). Read from the
+    script's syntax tree; a script that cannot be read or parsed is left to ``launch``."""
+    try:
+        tree = ast.parse(open(script, encoding="utf-8").read())  # noqa: SIM115
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target, value in _assigned(node):
+                if target == "LR" and not _is_rate(value, allow_name=False):
+                    return f"the script sets LR = {ast.unparse(value)}"
+        elif isinstance(node, ast.keyword) and node.arg == "lr":
+            if not _is_rate(node.value, allow_name=True):
+                return f"the optimizer gets lr={ast.unparse(node.value)}"
+    return None
+
+
+def _assigned(node: ast.Assign) -> list[tuple[str, ast.expr]]:
+    """``(name, value)`` for ``NAME = value`` and ``A, B = x, y`` assignments."""
+    pairs = []
+    for target in node.targets:
+        if isinstance(target, ast.Name):
+            pairs.append((target.id, node.value))
+        elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+            pairs += [
+                (t.id, v)
+                for t, v in zip(target.elts, node.value.elts, strict=False)
+                if isinstance(t, ast.Name)
+            ]
+    return pairs
+
+
+def _is_rate(value: ast.expr, allow_name: bool) -> bool:
+    if allow_name and isinstance(value, ast.Name) and value.id in ("LR", "lr"):
+        return True
+    return isinstance(value, ast.Constant) and value.value == DDP_LR
+
+
 @checker
 def _check_ddp_run(
     script: str | os.PathLike,
@@ -173,6 +217,14 @@ def _check_ddp_run(
 ) -> Feedback:
     fb = Feedback(title)
     fb.hint(hint)
+    changed = _learning_rate_changed(script)
+    fb.require(
+        changed is None,
+        f"{changed}: ref_params were trained with lr {DDP_LR}, and SGD's step is lr times the "
+        "gradient, so a changed learning rate can hide gradients of the wrong size; keep "
+        f"LR = {DDP_LR} and fix the gradients",
+        brief="the learning rate was changed",
+    )
     try:
         result = launch(script, nproc=nproc, timeout=timeout, echo=None)
     except LaunchError as exc:
@@ -363,12 +415,34 @@ def check_no_sync_step(
         model, calls = _counting_ddp(copy.deepcopy(base))
         weights = [p.detach().clone() for p in model.parameters()]
         backwards: list[int] = []
+        events: list[str] = []  # what each pass carried: "F8" a forward of 8 rows, "B" a backward
         first = next(model.module.parameters())
-        hook = first.register_post_accumulate_grad_hook(lambda p: backwards.append(1))
+
+        def backward_seen(_param) -> None:
+            backwards.append(1)
+            events.append("B")
+
+        hooks = [
+            first.register_post_accumulate_grad_hook(backward_seen),
+            model.module.register_forward_pre_hook(
+                lambda _m, args: events.append(
+                    f"F{args[0].shape[0]}" if args and isinstance(args[0], torch.Tensor) else "F?"
+                )
+            ),
+        ]
         try:
             fb.run("accumulate(model, x, y, k)", accumulate, model, Given("x", x), Given("y", y), k)
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
+        rows = len(x) // k
+        fb.expect(
+            events == [f"F{rows}", "B"] * k,
+            f"the passes ran as {' '.join(events) or 'nothing'} (F8: a forward of 8 rows, B: a "
+            f"backward): each of the {k} micro-batches needs its own forward of {rows} rows, "
+            "then its own backward",
+            brief=f"each micro-batch ({rows} rows) does not get its own forward and backward",
+        )
         fb.expect(
             all(
                 torch.equal(w, p.detach()) for w, p in zip(weights, model.parameters(), strict=True)
@@ -618,7 +692,9 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
 
     The checker trains nothing: it runs the learner's forward once on a seeded batch, calls
     backward on an MSE loss (labels on the output's device), and compares the output and every
-    gradient of both stages with the same layers run on one device. The colleague's code as
+    gradient of both stages with the same layers run on one device. When both devices are the
+    same (CPU stand-ins), it also runs the forward with ``d1='meta'``: the output must be there,
+    so a forward that runs both stages on the first device is caught. The colleague's code as
     shipped (``SPLIT_FORWARD_START``) is not an answer yet.
     """
     if shipped_unchanged(forward, SPLIT_FORWARD_START):
@@ -698,5 +774,25 @@ def _check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> 
             ),
             f"{name}'s gradients differ from the same layers on one device",
             brief=f"{name}'s gradients are wrong",
+        )
+    if d0 == d1:  # CPU stand-ins cannot tell the stages apart: run stage 1 on meta too
+        meta = torch.device("meta")
+        s0, s1 = _two_stages(d0, meta)
+        out = fb.run(
+            f"your forward with d1='meta' (stage 0 on {d0})",
+            forward,
+            s0,
+            s1,
+            Given("x", x),
+            d0,
+            meta,
+            returns=torch.Tensor,
+        )
+        fb.expect(
+            out.device.type == "meta" and out.requires_grad,
+            f"with stage 1 on 'meta' (a second device the stand-ins can tell apart) the output "
+            f"is on {out.device}{'' if out.requires_grad else ', outside the graph'}: run stage "
+            "1 on d1, with the activation moved there by .to(d1)",
+            brief="the second stage does not run on the second device",
         )
     return fb

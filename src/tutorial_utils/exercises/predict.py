@@ -66,11 +66,11 @@ def check_parameter_count(cfg: DecoderConfig, answer: int) -> Feedback:
         ),
         "SwiGLU's third matrix (gate, up and down)": cfg.n_layers * h * cfg.ff,
     }
-    for what, size in misses.items():
-        if size and value == truth - size:
+    for what, size in misses.items():  # size > 0: a part left out; < 0: a part counted too big
+        if size > 0 and value == truth - size:
             fb.fail(f"{value:,} misses {what}", brief="one part of the model is missing")
-        if size and value == truth + size and size < 0:
-            fb.fail(f"{value:,}: {what}", brief="one part is counted too big")
+        if size < 0 and value == truth - size:
+            fb.fail(f"{value:,} is {-size:,} too many: {what}", brief="one part is counted too big")
     fb.expect(False, f"{value:,} is off by {value - truth:+,}", brief="the count is wrong")
     return fb
 
@@ -78,8 +78,19 @@ def check_parameter_count(cfg: DecoderConfig, answer: int) -> Feedback:
 @checker(answers=("answer",), zero=True)
 def check_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, answer: int) -> Feedback:
     """Is ``answer`` the bytes one fp32 ``Block(cfg)`` saves for backward at (batch, seq)?"""
-    block = Decoder(cfg, n_layers=1).blocks[0]
-    x = torch.randn(batch, seq, cfg.d_model, requires_grad=True)
+    if not isinstance(cfg, DecoderConfig):
+        raise ValueError(f"check_activation_bytes: cfg must be a DecoderConfig, not {cfg!r}")
+    for name, size in (("batch", batch), ("seq", seq)):
+        if whole_number(size) is None or size < 1:
+            raise ValueError(
+                f"check_activation_bytes: {name} must be a whole number of at least 1, not {size!r}"
+            )
+    batch, seq = whole_number(batch), whole_number(seq)
+    with torch.random.fork_rng(devices=[]):  # the block's weights, without the learner's RNG
+        torch.manual_seed(0)
+        block = Decoder(cfg, n_layers=1).blocks[0]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(batch, seq, cfg.d_model, requires_grad=True, generator=gen)
     truth = saved_bytes(block, x)
     fb = Feedback("one block's saved activations")
     fb.hint("list what each operator saves (the hook prints it), then count per token")
@@ -106,10 +117,12 @@ def check_saved_bytes(fn: Callable[[torch.nn.Module, torch.Tensor], int]) -> Fee
     )
     fb.fix("key a dict by t.untyped_storage()._cdata and add s.nbytes() once per storage")
     for cfg, b, s in ((DecoderConfig(d_model=32, n_heads=4), 2, 8), (DecoderConfig(), 1, 16)):
-        block = Decoder(cfg, n_layers=1).blocks[0]
-        x = torch.randn(b, s, cfg.d_model, requires_grad=True)
+        with torch.random.fork_rng(devices=[]):  # the learner's RNG is left alone
+            torch.manual_seed(0)
+            block = Decoder(cfg, n_layers=1).blocks[0]
+            x = torch.randn(b, s, cfg.d_model, requires_grad=True)
         truth = saved_bytes(block, x)
-        got = fb.run("your counter", fn, block, x, returns=(int,))
+        got = whole_number(fb.run("your counter", fn, block, x, returns=(int,)))
         if got == truth + sum(p.untyped_storage().nbytes() for p in block.parameters()):
             fb.fail("that counts the weights too: they are parameters, not activations")
         fb.require(

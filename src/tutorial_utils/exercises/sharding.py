@@ -56,12 +56,13 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], float]) -> Fee
     rank, stage 0 (DDP) to 3, ``psi`` fp32 parameters, ``n`` ranks, ``k`` bytes of state each."""
     fb = Feedback("zero_bytes(stage, psi, n, k) gives the bytes on one rank")
     fb.hint(
-        "start from DDP, 4 + 4 + k bytes per parameter on every rank; each stage divides one "
-        "more of the three by n: first the optimizer state, then the gradients, then the "
-        "parameters"
+        "under DDP every rank keeps three things per parameter: which, and how many bytes each? "
+        "Then: which of them does each ZeRO stage split over the n ranks?"
     )
     fb.fix(
-        "stage 0: (8 + k) * psi; stage 1: 8 * psi + k * psi / n; stage 2: 4 * psi + "
+        "DDP keeps 4 + 4 + k bytes per parameter on every rank; each stage divides one more of "
+        "the three by n: first the optimizer state, then the gradients, then the parameters. "
+        "Stage 0: (8 + k) * psi; stage 1: 8 * psi + k * psi / n; stage 2: 4 * psi + "
         "(4 + k) * psi / n; stage 3: (8 + k) * psi / n"
     )
     wrong: list[str] = []
@@ -80,7 +81,7 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], float]) -> Fee
             wrong.append(f"{call} = {value:,.0f}, expected {want:,.0f}")
             if abs(value - _zero_reference(stage, psi, n, k, width=2)) <= 1e-9 * want + 0.5:
                 bf16 += 1
-    if bf16:
+    if bf16 and bf16 == len(wrong):  # only when that is the one mistake
         fb.hint(
             "this course trains in fp32: a parameter and its gradient take 4 bytes each, not 2 "
             "(the Playbook's formula is for bf16 with an fp32 master copy inside k)"
@@ -273,14 +274,21 @@ def _check_batch_for(batch_for: Callable[..., torch.Tensor]) -> Feedback:
             "TP splits the layers, so they must see the same samples",
             brief="the ranks of a tensor-parallel group see different data",
         )
-        rows = [{tuple(r.tolist()) for r in got[dp, 0]} for dp in range(dp_size)]
-        everything = {tuple(r.tolist()) for r in x}
-        disjoint = sum(len(r) for r in rows) == len(set().union(*rows))
+        # rows as lists, not sets: a row given twice, or to two groups, counts twice
+        rows = [[tuple(r.tolist()) for r in got[dp, 0]] for dp in range(dp_size)]
+        every_row = sorted(tuple(r.tolist()) for r in x)
         fb.expect(
-            disjoint and set().union(*rows) == everything,
+            sorted(r for group in rows for r in group) == every_row,
             f"on {mesh} the dp groups' rows do not split the batch (each row exactly once): "
             "each data-parallel group trains on its own part",
             brief="the data-parallel groups do not split the batch between them",
+        )
+        share = len(x) // dp_size
+        fb.expect(
+            all(len(group) == share for group in rows),
+            f"on {mesh} the dp groups get {', '.join(str(len(g)) for g in rows)} rows: each "
+            f"trains on an equal share of the {len(x)} rows ({share} each)",
+            brief="the data-parallel groups do not get equal shares",
         )
         if not fb.passed:
             fb.stop()
