@@ -93,7 +93,9 @@ def test_other_bad_parameters_are_one_sentence(bad):
 def test_text_form_is_constant_while_values_change():
     gauge = LiveGauge(sources=[Counter()], period_s=0.02)
     first = gauge._repr_mimebundle_()
-    assert first["text/plain"] == "LiveGauge(period 20 ms; sources counter)"
+    assert first["text/plain"] == (
+        "Live memory gauge (counter, sampled every 20 ms): run the cell to see its bars"
+    )
     assert "application/vnd.jupyter.widget-view+json" in first
     with gauge:
         assert wait_for(lambda: len(gauge.samples) >= 3)
@@ -548,7 +550,9 @@ def test_a_notebook_with_a_running_gauge_has_exactly_its_own_outputs():
     def plain(cell):
         return [o.get("data", {}).get("text/plain") or o.get("text") for o in cell.outputs]
 
-    assert plain(nb.cells[0]) == ["LiveGauge(period 50 ms; sources torch, nvml, psutil)"]
+    assert plain(nb.cells[0]) == [
+        "Live memory gauge (torch, nvml, psutil, sampled every 50 ms): run the cell to see its bars"
+    ]
     assert plain(nb.cells[1]) == ["work done\n"]  # nothing from the gauge's thread
     assert plain(nb.cells[2]) == ["True"]
     assert plain(nb.cells[3]) == plain(nb.cells[0])

@@ -680,9 +680,13 @@ class LiveGauge:
     # ------------------------------------------------------------------ display
 
     def __repr__(self) -> str:
-        # Constant on purpose: strict nbval compares this text, and the live state is in the widget.
+        # Constant on purpose: strict nbval compares this text, and the live state is in the
+        # widget. A sentence, not an object's repr: a saved notebook shows it until the cell runs.
         names = ", ".join(s.name for s in self.sources)
-        return f"LiveGauge(period {self.period_s * 1000:.0f} ms; sources {names})"
+        return (
+            f"Live memory gauge ({names}, sampled every {self.period_s * 1000:.0f} ms): run the "
+            "cell to see its bars"
+        )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         bundle = dict(self._html._repr_mimebundle_(**kwargs) or {})
