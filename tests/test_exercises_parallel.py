@@ -13,11 +13,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from tutorial_utils import devices
-from tutorial_utils.exercises import reset_attempts
+from tutorial_utils.exercises import reset_attempts, shipped
 from tutorial_utils.exercises.parallel import (
     DDP_EXERCISE_SHA256,
-    MICROBATCH_START,
-    SPLIT_FORWARD_START,
     check_allreduce_counts,
     check_bubble,
     check_ddp_script,
@@ -25,7 +23,6 @@ from tutorial_utils.exercises.parallel import (
     check_no_sync_step,
     check_sampler_padding,
     check_split_forward,
-    shipped_unchanged,
 )
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
@@ -391,6 +388,18 @@ def _from_source(source: str, name: str, tmp_path):
     return getattr(load_file(path), name)
 
 
+def _shipped_def(name: str, tmp_path):
+    """Notebook 04's exercise cell's ``def name``, as the notebook ships it."""
+    import ast
+
+    (notebook,) = (SCRIPTS.parent).glob("04_*.ipynb")
+    for source in shipped.exercise_cells(notebook):
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return _from_source(ast.get_source_segment(source, node) + "\n", name, tmp_path)
+    raise AssertionError(f"notebook 04 ships no exercise cell defining {name}")
+
+
 def _mb_model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 4))
@@ -414,7 +423,7 @@ def test_uneven_microbatches_need_weights_by_size():
 
 
 def test_microbatch_start_is_not_an_attempt_only_where_it_is_wrong(tmp_path):
-    start = _from_source(MICROBATCH_START, "microbatch_step", tmp_path)
+    start = _shipped_def("microbatch_step", tmp_path)
     x, y = _uneven()
     fb = check_microbatch_step(start, _mb_model(), x, y, m=4)
     assert not fb.passed and not fb.answered and fb.attempt == 0
@@ -424,14 +433,14 @@ def test_microbatch_start_is_not_an_attempt_only_where_it_is_wrong(tmp_path):
 
 
 def test_split_forward_as_shipped_is_not_an_attempt(tmp_path):
-    start = _from_source(SPLIT_FORWARD_START, "split_forward", tmp_path)
+    start = _shipped_def("split_forward", tmp_path)
     fb = check_split_forward(start, [torch.device("cpu")] * 2)
     assert not fb.passed and not fb.answered and fb.attempt == 0
     assert "detach" not in str(fb) and "no gradient" not in str(fb)
     assert not check_split_forward(_split_forward("detach"), [torch.device("cpu")] * 2).passed
 
 
-def test_shipped_unchanged_ignores_comments_and_sees_code():
+def test_shipped_code_ignores_comments_and_sees_code(tmp_path):
     def same(model, x, y, m):  # only comments differ
         for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
             (F.mse_loss(model(xm), ym) / m).backward()  # TODO
@@ -440,9 +449,11 @@ def test_shipped_unchanged_ignores_comments_and_sees_code():
         for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
             (F.mse_loss(model(xm), ym) / len(x)).backward()
 
-    assert shipped_unchanged(same, MICROBATCH_START)
-    assert not shipped_unchanged(other, MICROBATCH_START)
-    assert not shipped_unchanged("not a function", MICROBATCH_START)
+    start = _shipped_def("microbatch_step", tmp_path)
+    assert shipped.is_shipped(start)
+    assert shipped.is_shipped(same)
+    assert not shipped.is_shipped(other)
+    assert not shipped.is_shipped("not a function")
 
 
 def test_notebook_03_shows_sbatch_lines_that_are_in_the_script():

@@ -393,7 +393,11 @@ def reset_attempts() -> None:
 
 
 def checker(
-    fn: F | None = None, *, answers: tuple[str, ...] = (), zero: bool = False
+    fn: F | None = None,
+    *,
+    answers: tuple[str, ...] = (),
+    zero: bool = False,
+    shipped_hint: str | None = None,
 ) -> F | Callable[[F], F]:
     """Decorate a checker: ``require``/``run`` may end it early, and attempts are counted.
 
@@ -405,14 +409,17 @@ def checker(
     ``answers`` names the checker's arguments that hold the learner's answer: when one of them is
     still the exercise's placeholder (see ``answers.placeholder``; ``zero=True`` counts a bare
     ``0`` as one, for exercises that start from ``answer = 0``), the feedback is "not answered
-    yet" and no attempt is counted. Use as ``@checker`` or ``@checker(answers=("answer",))``.
+    yet" and no attempt is counted. So is an argument that is still an exercise cell's shipped
+    code (``shipped.is_shipped``); ``shipped_hint`` is then the hint shown instead of the
+    checker's own (a bug hunt's hint must not name the bug before the learner has looked).
+    Use as ``@checker`` or ``@checker(answers=("answer",))``.
     """
     if fn is None:
-        return lambda f: _counted(f, answers, zero)
-    return _counted(fn, answers, zero)
+        return lambda f: _counted(f, answers, zero, shipped_hint)
+    return _counted(fn, answers, zero, shipped_hint)
 
 
-def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
+def _counted(fn: F, answer_names: tuple[str, ...], zero: bool, shipped_hint: str | None) -> F:
     key = f"{fn.__module__}.{fn.__qualname__}"
     signature = inspect.signature(fn)
     unknown = set(answer_names) - set(signature.parameters)
@@ -425,7 +432,8 @@ def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
             raise ValueError(f"attempt_key names an exercise with a string, not {attempt_key!r}")
         counted = key if attempt_key is None else f"{key}[{attempt_key}]"
         unanswered = _placeholders(signature, answer_names, zero, args, kwargs)
-        unanswered += _shipped(signature, args, kwargs)
+        shipped = _shipped(signature, args, kwargs)
+        unanswered += shipped
         call = _Running(fn.__globals__)
         _running.append(call)
         try:
@@ -440,6 +448,8 @@ def _counted(fn: F, answer_names: tuple[str, ...], zero: bool) -> F:
             fb.answered = False
             fb.problems, fb.briefs = list(unanswered), list(unanswered)
             fb.fixes = []
+            if shipped and shipped_hint is not None:
+                fb.hints = [shipped_hint]
             fb.detailed, fb.attempt = False, 0
             return fb
         if not fb.passed:

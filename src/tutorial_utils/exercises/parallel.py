@@ -12,7 +12,8 @@
   (also when the batch does not split into equal micro-batches).
 
 A bug-hunt exercise starts from code that is wrong on purpose; run as shipped, it is "not
-answered yet" (``shipped_unchanged``), so the saved output gives nothing away.
+answered yet" (``@checker`` finds it in ``shipped.json``, read from the notebooks), and its hint
+(``shipped_hint``) names no bug, so the saved output gives nothing away.
 * ``check_split_forward``: the learner's forward over two stages on two devices must let the
   gradient reach the first stage (the bug hunt of notebook 04).
 """
@@ -23,11 +24,8 @@ import ast
 import copy
 import gc
 import hashlib
-import inspect
 import math
 import os
-import textwrap
-import types
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -47,53 +45,11 @@ __all__ = [
     "check_sampler_padding",
     "check_split_forward",
     "not_answered",
-    "shipped_unchanged",
 ]
 
 #: sha256 of ``notebooks/scripts/ddp_exercise.py`` as the course ships it (with its two bugs);
 #: ``tests/test_exercises_parallel.py`` keeps it equal to the file.
 DDP_EXERCISE_SHA256 = "88e558300257f8643118444c386def6130e6b2ee1f5c8ded34263251a5c59289"
-
-#: The starting code of notebook 04's exercises that hand the learner a function to fix.
-MICROBATCH_START = """
-def microbatch_step(model, x, y, m):
-    for xm, ym in zip(x.chunk(m), y.chunk(m), strict=True):
-        (F.mse_loss(model(xm), ym) / m).backward()
-"""
-SPLIT_FORWARD_START = """
-def split_forward(stage0, stage1, x, d0, d1):
-    h = stage0(x.to(d0))
-    return stage1(h.detach().to(d1))
-"""
-
-
-def _function_ast(source: str) -> str | None:
-    """The first function of ``source`` as an AST dump: no name, line numbers or comments."""
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return None
-    funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    if not funcs:
-        return None
-    funcs[0].name = "_"  # a renamed copy of the starting code is still the starting code
-    return ast.dump(funcs[0])
-
-
-def shipped_unchanged(fn: object, start: str) -> bool:
-    """Is ``fn`` the exercise's starting code ``start`` (a ``def``), changed in comments at most?
-
-    Compared by syntax tree, from the source IPython keeps of each cell (``inspect.getsource``);
-    a function whose source cannot be read counts as changed, so it is graded.
-    """
-    if not isinstance(fn, types.FunctionType):
-        return False
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-    mine = _function_ast(source)
-    return mine is not None and mine == _function_ast(start)
 
 
 def not_answered(title: str, what: str, hint: str) -> Feedback:
@@ -538,21 +494,16 @@ def check_microbatch_step(
     atol: float = 1e-6,
 ) -> Feedback:
     """``step(model, x, y, m)`` must leave in ``.grad`` the full batch's MSE gradients (see
-    ``_check_microbatch_step``). Notebook 04's starting code (``MICROBATCH_START``, right only
-    when the micro-batches are equal) run as shipped on uneven ones is not an answer yet."""
-    uneven = isinstance(x, torch.Tensor) and isinstance(m, int) and 0 < m <= len(x)
-    uneven = uneven and len({len(c) for c in x.chunk(m)}) > 1
-    if uneven and shipped_unchanged(step, MICROBATCH_START):  # wrong here on purpose
-        return not_answered(
-            f"{m} micro-batches give the full-batch gradients",
-            "microbatch_step",
-            "how many samples are in each micro-batch here, and what is the whole batch's "
-            "mean loss in terms of the micro-batches' mean losses?",
-        )
+    ``_check_microbatch_step``). Notebook 04's starting code (right only when the micro-batches
+    are equal) run as shipped on uneven ones is not an answer yet."""
     return _check_microbatch_step(step, model, x, y, m, atol)
 
 
-@checker(answers=("step",))
+@checker(
+    answers=("step",),
+    shipped_hint="how many samples are in each micro-batch here, and what is the whole batch's "
+    "mean loss in terms of the micro-batches' mean losses?",
+)
 def _check_microbatch_step(
     step: Callable[[nn.Module, torch.Tensor, torch.Tensor, int], None],
     model: nn.Module,
@@ -695,18 +646,15 @@ def check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> F
     gradient of both stages with the same layers run on one device. When both devices are the
     same (CPU stand-ins), it also runs the forward with ``d1='meta'``: the output must be there,
     so a forward that runs both stages on the first device is caught. The colleague's code as
-    shipped (``SPLIT_FORWARD_START``) is not an answer yet.
+    shipped is not an answer yet.
     """
-    if shipped_unchanged(forward, SPLIT_FORWARD_START):
-        return not_answered(
-            "a forward pass split over two devices that autograd can go back through",
-            "split_forward",
-            "train it for a few steps, or look at which parameters get a gradient",
-        )
     return _check_split_forward(forward, devices)
 
 
-@checker(answers=("forward",))
+@checker(
+    answers=("forward",),
+    shipped_hint="train it for a few steps, or look at which parameters get a gradient",
+)
 def _check_split_forward(forward: Callable, devices: Iterable[torch.device]) -> Feedback:
     need = "check_split_forward needs two devices, e.g. devices.demo_devices(2)"
     if isinstance(devices, (str, torch.device)):

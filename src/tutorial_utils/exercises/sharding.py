@@ -20,7 +20,6 @@ import torch
 
 from . import Feedback, checker
 from .answers import Given, describe, finite_number, number_problem
-from .parallel import not_answered, shipped_unchanged
 
 __all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "tp_plan_cost"]
 
@@ -220,29 +219,17 @@ def check_tp_plan(plan: Mapping[str, object]) -> Feedback:
 _MESHES = ((2, 2), (4, 2), (2, 4))
 
 
-#: Notebook 08's exercise 3 as it ships: the colleague's code, wrong on purpose.
-BATCH_FOR_START = """
-def batch_for(x, dp, tp, dp_size, tp_size):
-    rows = len(x) // tp_size
-    return x[tp * rows : (tp + 1) * rows]
-"""
 _BATCH_FOR_TITLE = "batch_for gives each data-parallel group its own rows, shared inside TP"
 
 
 def check_batch_for(batch_for: Callable[..., torch.Tensor]) -> Feedback:
     """``batch_for(x, dp, tp, dp_size, tp_size)``: the rows of the global batch ``x`` that the rank
     at mesh coordinates (dp, tp) trains on, for several mesh shapes. The colleague's code as
-    shipped (``BATCH_FOR_START``) is not an answer yet."""
-    if shipped_unchanged(batch_for, BATCH_FOR_START):
-        return not_answered(
-            _BATCH_FOR_TITLE,
-            "batch_for",
-            "try it on a 2 x 2 mesh: which rows does each of the 4 ranks get?",
-        )
+    shipped is not an answer yet."""
     return _check_batch_for(batch_for)
 
 
-@checker
+@checker(shipped_hint="try it on a 2 x 2 mesh: which rows does each of the 4 ranks get?")
 def _check_batch_for(batch_for: Callable[..., torch.Tensor]) -> Feedback:
     fb = Feedback(_BATCH_FOR_TITLE)
     fb.hint(
