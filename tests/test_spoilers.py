@@ -115,3 +115,96 @@ def test_the_rules_flag_what_they_should():
     assert not spoiling_outputs(
         [cell("answer = ...\ncheck_peak(answer)", "Not answered yet"), solution]
     )
+
+
+# --- issue 31: what a saved notebook shows before anything runs --------------------------------
+
+VALUE_REPR = re.compile(r"[{\[(]['\"\d-]|['\"]: ")  # {'a': .., ['x', .., (1, ..
+OBJECT_REPR = re.compile(r"^[A-Za-z_]\w*\((?:\w+=|period )")
+
+
+def spoiling_solution_outputs(cells: list[dict]) -> list[str]:
+    """Lines of a collapsed solution's saved output that show a value (a dict, a list, a
+    string): the solution stays collapsed, its output does not."""
+    return [
+        line
+        for c in cells
+        if c["metadata"].get("jupyter", {}).get("source_hidden")
+        for line in _text(c).splitlines()
+        if VALUE_REPR.search(line)
+    ]
+
+
+def object_reprs(cells: list[dict]) -> list[str]:
+    """Saved text of widgets that is an object's repr (``VBox(children=...``), not a sentence."""
+    return [
+        text[:60]
+        for c in cells
+        for o in c.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+        for text in ["".join(o["data"].get("text/plain", ""))]
+        if OBJECT_REPR.match(text)
+    ]
+
+
+_NOT_YET = {  # notebooks another engineer or the lead changes this round (issue 31's report)
+    "05a": "05a's Calculator widget saves its VBox repr: calculator.py and 05a are not this task's",
+    "08": "08 exercise 2's solution prints the plan: 08 is re-executed after the lead's merge",
+}
+
+
+def _params(kind: str) -> list:
+    return [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_NOT_YET[p]))
+        if p in _NOT_YET and (kind, p) in {("solution", "08"), ("widget", "05a")}
+        else p
+        for p in CHECKED
+    ]
+
+
+@pytest.mark.parametrize("prefix", _params("solution"))
+def test_collapsed_solution_outputs_show_no_value(prefix):
+    assert not spoiling_solution_outputs(_cells(prefix))
+
+
+@pytest.mark.parametrize("prefix", _params("widget"))
+def test_saved_widgets_show_a_sentence_not_a_repr(prefix):
+    assert not object_reprs(_cells(prefix))
+
+
+def test_07_section_5_does_not_say_which_combination_fits():
+    (table,) = [
+        c for c in _cells("07") if "measure_combinations(solution_step" in "".join(c["source"])
+    ]
+    out = _text(table)
+    assert out and "fits" not in out and "of budget" not in out, out
+
+
+def test_the_issue_31_rules_flag_what_they_should():
+    hidden = {"jupyter": {"source_hidden": True}}
+    plan = {
+        "cell_type": "code",
+        "metadata": hidden,
+        "source": ["# Solution to exercise 2 (expand to read)\nprint(plan)"],
+        "outputs": [{"output_type": "stream", "name": "stdout", "text": "{'attn.q': 'Colwise'}"}],
+    }
+    assert spoiling_solution_outputs([plan])
+    widget = {
+        "cell_type": "code",
+        "metadata": {},
+        "source": ["calc"],
+        "outputs": [
+            {
+                "output_type": "display_data",
+                "data": {
+                    "application/vnd.jupyter.widget-view+json": {},
+                    "text/plain": "VBox(children=(HBox(children=(Dropdown(",
+                },
+            }
+        ],
+    }
+    assert object_reprs([widget])
+    widget["outputs"][0]["data"]["text/plain"] = "LiveGauge(period 100 ms; sources torch)"
+    assert object_reprs([widget])
+    widget["outputs"][0]["data"]["text/plain"] = "Live memory gauge (torch, sampled every 100 ms)"
+    assert not object_reprs([widget])
