@@ -27,6 +27,7 @@ from tutorial_utils.decoder import DecoderConfig
 from tutorial_utils.exercises import (
     Feedback,
     _Stop,
+    capstone,
     checker,
     creating,
     moving,
@@ -269,6 +270,32 @@ def _zero_stops_the_check(stage, psi, n, k):
     return StopsTheCheck(1.0)
 
 
+class LyingStr(str):
+    """A string equal to every other (and hashed like the right name)."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+class LyingFloat(float):
+    def __eq__(self, other):
+        return True
+
+    def __lt__(self, other):
+        return False
+
+    def __gt__(self, other):
+        return False
+
+    __hash__ = float.__hash__
+
+
+def _fp16_guess_that_lies():
+    return {v: LyingStr("ok") for v in precision.FP16_VALUES}
+
+
 CFG = DecoderConfig(d_model=48, n_heads=6, norm="rms", mlp="swiglu", bias=False, d_ff=128)
 
 WRONG = {
@@ -327,10 +354,51 @@ WRONG = {
     "08 zero_bytes: ZeRO-2 shards the parameters": lambda: sharding.check_zero_bytes(
         _zero2_shards_parameters
     ),
+    # the analogous plain mistakes of the other checkers
+    "03 bubble: a returned number stops the check": lambda: parallel.check_bubble(
+        lambda p, m: StopsTheCheck(0.5)
+    ),
+    "03 bubble: a float whose comparisons lie": lambda: parallel.check_bubble(
+        lambda p, m: LyingFloat(0.5)
+    ),
+    "03 sampler_padding: ints whose __eq__ says yes": lambda: parallel.check_sampler_padding(
+        LyingInt(1), LyingInt(1)
+    ),
+    "03 allreduce_counts: ints whose __eq__ says yes": lambda: parallel.check_allreduce_counts(
+        LyingInt(1), LyingInt(1)
+    ),
+    "05 training_state_bytes: an int whose __eq__ says yes": lambda: oom.check_training_state_bytes(
+        nn.Linear(4, 4), LyingInt(1)
+    ),
+    "06 fp16_survival: strings equal to every fate": lambda: precision.check_fp16_survival(
+        _fp16_guess_that_lies()
+    ),
+    "00 peak_of: a typed number": lambda: start.check_peak_of(lambda fn, device: 8 << 20),
+    "07 fastest_fit: a name equal to every name": lambda: capstone.check_fastest_fit(
+        LyingStr("slow"),
+        {"slow": 10, "fast": 5, "big": 99},
+        {"slow": 2.0, "fast": 1.0, "big": 0.5},
+        50,
+    ),
 }
 
 
-@pytest.mark.parametrize("name", list(WRONG))
+# wrong answers a checker still takes, each with the reason (an empty dict is the goal)
+STILL_PASSING = {
+    "08 zero_bytes: ZeRO-2 shards the parameters": "the totals are the same in fp32: 08's "
+    "exercise must ask for the three parts (params, grads, state), a notebook change",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=STILL_PASSING[n]))
+        if n in STILL_PASSING
+        else n
+        for n in WRONG
+    ],
+)
 def test_every_wrong_answer_is_refused(name):
     fb = WRONG[name]()
     assert not fb.passed, f"{name} passed: {fb}"

@@ -1011,6 +1011,8 @@ def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: 
     if fits:
         best = min(fits, key=fits.__getitem__)
         fb.fix(f"min((n for n in peaks if peaks[n] <= BUDGET), key=seconds.get) -> {best!r}")
+    if isinstance(choice, str):
+        choice = str.__str__(choice)  # a plain str: a subclass's __eq__ may say yes to anything
     fb.require(
         isinstance(choice, str) and choice in table,
         f"answer with one of the table's names ({', '.join(map(repr, table))}), not "
