@@ -432,7 +432,7 @@ def _counted(fn: F, answer_names: tuple[str, ...], zero: bool, shipped_hint: str
             raise ValueError(f"attempt_key names an exercise with a string, not {attempt_key!r}")
         counted = key if attempt_key is None else f"{key}[{attempt_key}]"
         unanswered = _placeholders(signature, answer_names, zero, args, kwargs)
-        shipped = _shipped(signature, args, kwargs)
+        shipped = [] if unanswered else _shipped(signature, args, kwargs)  # said once is enough
         unanswered += shipped
         call = _Running(fn.__globals__)
         _running.append(call)
