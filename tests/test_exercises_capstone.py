@@ -532,3 +532,15 @@ def test_calling_the_worked_solution_is_not_an_answer(task):
     with pytest.raises(ValueError):
         capstone.solution_step(task.make_model(), None, task.tokens, task.labels)
     assert capstone._solution_calls == before + 1
+
+
+def test_a_loss_that_stops_the_check_is_the_answers_doing(task):
+    """Issue 31 §2: a `_Stop(Feedback(...))` raised from a returned number's __float__ passed."""
+    from tutorial_utils.exercises import Feedback, _Stop
+
+    class Stops(float):
+        def __float__(self):
+            raise _Stop(Feedback("a passing verdict"))
+
+    fb = grade(lambda *a: Stops(micro(*a)), task).feedback
+    assert not fb.passed and "_Stop" in str(fb), str(fb)
