@@ -102,6 +102,7 @@ class FitReport:
     n_gpus: int
     n_parameters: int
     categories: dict[str, int]
+    model_states: dict[str, int]  # this GPU's share of the four states, gradients in full
     peaks: dict[str, int]  # the three moments' totals (before headroom)
     headroom: dict[str, int]
     gathered_unit: str
@@ -115,7 +116,10 @@ class FitReport:
 
     @property
     def states_bytes(self) -> int:
-        return sum(self.categories[k] for k in STATES)
+        """What no batch or checkpointing change can shrink: the model states (this GPU's
+        share, every gradient), DDP's buckets and ZeRO-3's gathered unit."""
+        extra = self.categories["DDP buckets"] + self.categories["gathered unit"]
+        return sum(self.model_states.values()) + extra
 
     @property
     def headroom_bytes(self) -> int:
@@ -149,8 +153,9 @@ class FitReport:
             cards = ", ".join(self.fits_on) or "none of the cards in the table"
             return f"needs {format_bytes(self.total)} per GPU ({kept}): fits on {cards}"
         word = "fits" if self.fits else "does not fit"
+        where = "one" if self.n_gpus == 1 else f"each of {self.n_gpus}"
         return (
-            f"{word} on {self.gpu}: needs {format_bytes(self.total)} per GPU ({kept}) "
+            f"{word} on {where} {self.gpu}: needs {format_bytes(self.total)} per GPU ({kept}) "
             f"of {format_bytes(self.gpu.memory_bytes)}"
         )
 
@@ -170,11 +175,12 @@ class FitReport:
         lines = [f"FitReport({self.knobs})"]
         for name in CATEGORIES:
             if self.categories[name] or name in STATES:
-                lines.append(f"  {name:<20}{format_bytes(self.categories[name]):>12}")
-        lines.append(f"  {'peak (' + self.peak_moment + ')':<33}{format_bytes(self.peak_bytes)}")
+                lines.append(f"  {name:<30}{format_bytes(self.categories[name]):>12}")
+        at = f"peak, at the {self.peak_moment}"
+        lines.append(f"  {at:<30}{format_bytes(self.peak_bytes):>12}")
         for name, nbytes in self.headroom.items():
-            lines.append(f"  + {name:<18}{format_bytes(nbytes):>12}")
-        lines.append(f"  {'total':<20}{format_bytes(self.total):>12}")
+            lines.append(f"  + {name:<28}{format_bytes(nbytes):>12}")
+        lines.append(f"  {'total':<30}{format_bytes(self.total):>12}")
         if self.gathered_unit:
             lines.append(f"  ZeRO-3 gathers one unit at a time; the largest: {self.gathered_unit}")
         formula = (
@@ -320,7 +326,7 @@ def _fake_pass(build, make_input, loss, precision: str, checkpointing: str) -> P
     acc = _FakeAccountant(torch.device("cpu"))
     with torch.device("meta"):
         module = build()
-    if precision in ("bf16-master", "bf16-master-fp32-grads", "bf16"):
+    if precision in ("bf16-master", "bf16-master-fp32-grads", "pure-bf16"):
         module = module.to(torch.bfloat16)
     low = torch.bfloat16  # fp16 has the same sizes; CPU autocast takes bf16
     autocast = (
@@ -558,6 +564,7 @@ def will_it_fit(
         n_gpus,
         n,
         categories,
+        states,
         peaks,
         kept,
         unit_name,

@@ -41,6 +41,7 @@ __all__ = [
     "HeadroomTerm",
     "checkpointing",
     "gpu",
+    "gpu_memory",
     "model",
     "optimizer",
     "parse_size",
@@ -86,17 +87,23 @@ RECIPES: dict[str, str] = {
     "bf16-master-fp32-grads": (
         "bf16 weights, fp32 gradient accumulation, fp32 master and AdamW (DeepSpeed's 18 B/param)"
     ),
-    "bf16": "pure bf16: weights, gradients and AdamW state all bf16 (8 B/param)",
+    "pure-bf16": "weights, gradients and AdamW state all bf16 (8 B/param)",
 }
+#: "bf16" and "fp16" are read as mixed precision with autocast over fp32 weights, the way
+#: Hugging Face's Trainer trains with ``bf16=True`` (Transformers docs, "Mixed precision
+#: training": fp32 weights for the optimizer, the forward under autocast). "mixed" is the
+#: bf16 weights + fp32 master recipe (Megatron, DeepSpeed, FSDP's MixedPrecisionPolicy).
+#: The answer says how it read them.
 _RECIPE_ALIASES = {
-    "mixed": "bf16-master",
+    "bf16": "autocast-bf16",
+    "bfloat16": "autocast-bf16",
     "amp": "autocast-bf16",
     "autocast": "autocast-bf16",
     "fp16": "autocast-fp16",
     "float16": "autocast-fp16",
     "float32": "fp32",
-    "bfloat16": "bf16",
-    "pure-bf16": "bf16",
+    "mixed": "bf16-master",
+    "bf16-mixed": "bf16-master",
     "deepspeed": "bf16-master-fp32-grads",
 }
 
@@ -140,7 +147,7 @@ class Gpu:
     memory_bytes: int
 
     def __str__(self) -> str:
-        if self.name.startswith("a GPU of"):
+        if self.name.endswith(" GPU"):
             return self.name
         return f"{self.name} ({self.memory_bytes / GB:g} GB)"
 
@@ -226,7 +233,8 @@ def model(name: str) -> str:
 
 
 def recipe(name: str) -> str:
-    """``recipe('mixed') == 'bf16-master'``; ``'bf16'`` is pure bf16 (8 B/param with AdamW)."""
+    """``recipe('mixed') == 'bf16-master'``, ``recipe('bf16') == 'autocast-bf16'`` (Hugging Face's
+    ``--bf16``); pure bf16 (8 B/param with AdamW) is ``'pure-bf16'``."""
     return _pick("precision", name, tuple(RECIPES), _RECIPE_ALIASES)
 
 
@@ -282,8 +290,12 @@ def gpu(text) -> Gpu:
                 f"GPU {text!r} is unknown: give its memory instead (like '24GB'), or one of "
                 f"{', '.join(GPUS)}"
             )
-    size = parse_size(text)
-    return Gpu(f"a GPU of {str(text).strip()}", size)
+    return gpu_memory(text)
+
+
+def gpu_memory(text) -> Gpu:
+    """A GPU known by its memory only: ``gpu_memory('80GiB')``."""
+    return Gpu(f"{str(text).strip()} GPU", parse_size(text))
 
 
 def positive_int(what: str, value, largest: int = 2**31) -> int:

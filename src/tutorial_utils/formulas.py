@@ -90,7 +90,7 @@ PRECISIONS = (
     "autocast-fp16",
     "bf16-master",
     "bf16-master-fp32-grads",
-    "bf16",
+    "pure-bf16",
 )
 
 #: bytes per parameter of weights, gradients and fp32 master weights for each recipe.
@@ -101,7 +101,7 @@ PRECISIONS = (
 #: buffer (20 B with Adam). "bf16-master-fp32-grads" is that recipe as DeepSpeed's ZeRO
 #: estimators count it (``deepspeed/runtime/zero/stage_1_and_2.py``,
 #: ``estimate_zero2_model_states_mem_needs``: 2 B of 16-bit weights, plus 18 = 2 B 16-bit
-#: gradients + 4 B fp32 gradients + 4 B fp32 weights + 8 B Adam moments). "bf16" is pure bf16:
+#: gradients + 4 B fp32 gradients + 4 B fp32 weights + 8 B Adam moments). "pure-bf16" is pure bf16:
 #: weights, gradients and the optimizer's moments all bf16 (8 B/param with AdamW).
 BYTES_PER_PARAMETER = {
     "fp32": {"weights": 4, "gradients": 4, "master": 0},
@@ -109,11 +109,11 @@ BYTES_PER_PARAMETER = {
     "autocast-fp16": {"weights": 4, "gradients": 4, "master": 0},
     "bf16-master": {"weights": 2, "gradients": 2, "master": 4},
     "bf16-master-fp32-grads": {"weights": 2, "gradients": 6, "master": 4},
-    "bf16": {"weights": 2, "gradients": 2, "master": 0},
+    "pure-bf16": {"weights": 2, "gradients": 2, "master": 0},
 }
 
 #: Bytes of one element of the optimizer's state: fp32, except in the pure bf16 recipe.
-STATE_ELEMENT_BYTES = {name: 2 if name == "bf16" else 4 for name in BYTES_PER_PARAMETER}
+STATE_ELEMENT_BYTES = {name: 2 if name == "pure-bf16" else 4 for name in BYTES_PER_PARAMETER}
 
 #: fp32 optimizer state per parameter: momentum buffer (SGD with momentum), exp_avg and
 #: exp_avg_sq (Adam, AdamW). Adam also keeps a ``step`` counter per parameter tensor: a 4-byte
