@@ -577,16 +577,3 @@ def will_it_fit(
 def text_form(**knobs) -> str:
     """The calculator for a terminal or CI: ``python -m tutorial_utils fit llama-3-8b ...``."""
     return repr(will_it_fit(**knobs))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m tutorial_utils.fit``: the same as ``python -m tutorial_utils fit``."""
-    from .fit_cli import main as cli
-
-    return cli(argv)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
