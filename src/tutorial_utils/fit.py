@@ -153,7 +153,7 @@ class FitReport:
             cards = ", ".join(self.fits_on) or "none of the cards in the table"
             return f"needs {format_bytes(self.total)} per GPU ({kept}): fits on {cards}"
         word = "fits" if self.fits else "does not fit"
-        where = "one" if self.n_gpus == 1 else f"each of {self.n_gpus}"
+        where = "one" if self.n_gpus == 1 else f"each of {self.n_gpus} x"
         return (
             f"{word} on {where} {self.gpu}: needs {format_bytes(self.total)} per GPU ({kept}) "
             f"of {format_bytes(self.gpu.memory_bytes)}"

@@ -120,7 +120,7 @@ def _states_alone(r: FitReport) -> str:
     kept = sum(t.fixed_bytes for t in HEADROOM) if r.headroom else 0
     if fixed + kept <= gpu.memory_bytes:
         return ""
-    where = "one" if r.n_gpus == 1 else f"each of {r.n_gpus}"
+    where = "one" if r.n_gpus == 1 else f"each of {r.n_gpus} x"
     return (
         f"Model states alone are {format_bytes(fixed)} per GPU: no batch or checkpointing "
         f"change helps on {where} {gpu}; shard them over more GPUs (below), use an 8-bit "
