@@ -60,6 +60,7 @@ def test_help_describes_every_option_and_comes_before_torch():
         (["gpt2", "--sharding", "zero3"], "zero3 shards over several GPUs and does nothing on one"),
         (["gpt2", "--gpu", "H100", "--gpu-memory", "24GB"], "not allowed with argument"),
         (["gpt2", "--colour", "red"], "unrecognized arguments: --colour red"),
+        (["gpt2", "--seq", "4096"], "gpt2-124m has 1024 learned positions; give --seq 1024"),
     ],
 )
 def test_argument_errors_are_one_sentence_without_torch(args, message, capsys, monkeypatch):
@@ -88,6 +89,19 @@ def test_the_persons_question_gets_a_verdict_and_the_change_that_helps():
     assert "Model states alone are 119.66 GiB per GPU: no batch or checkpointing change" in out
     assert "zero3 on 4 GPUs or more and full checkpointing" in out
     assert "CUDA context: ml-engineering" in out
+
+
+def test_the_learned_positions_the_command_line_knows_are_the_presets():
+    from tutorial_utils.decoder import PRESETS
+
+    learned = {name: cfg.max_positions for name, cfg in PRESETS.items() if cfg.max_positions}
+    assert fit_inputs.LEARNED_POSITIONS == learned
+
+
+def test_gpu_memory_takes_a_size():
+    done = _run("gpt2", "--seq", "512", "--gpu-memory", "80GiB")
+    assert done.returncode == 0, done.stderr
+    assert "fits on one 80GiB GPU: needs" in done.stdout
 
 
 def test_no_headroom_gives_the_raw_peak():

@@ -252,10 +252,11 @@ def test_zero2_model_states_equal_deepspeeds_estimator(preset, gpus):
 @pytest.mark.parametrize("gpus", [2, 8, 64])
 @pytest.mark.parametrize("preset", ["gpt2-1.5b", "llama-8b", "llama-70b"])
 def test_zero3_model_states_equal_deepspeeds_estimator_but_two_named_terms(preset, gpus):
-    """Two differences, both named: DeepSpeed's 18 B/param leave out the 16-bit weights' own
-    shard (2 N / G), which we count; and its gathered layer is the largest module (the
-    embedding), ours the largest FSDP unit under torchtitan's wrapping (the root: embedding,
-    final norm and head). With those two terms put back, the bytes are the same."""
+    """Two differences, both named: DeepSpeed's ZeRO-3 estimator uses the same 18 B/param as
+    ZeRO-2's comment lists (16-bit and fp32 gradients, fp32 weights, Adam), with no shard of
+    the 16-bit weights, which we count (2 N / G); and its gathered layer is the largest module
+    (the embedding), ours the largest FSDP unit under torchtitan's wrapping (the root:
+    embedding, final norm and head). With those two terms put back, the bytes are the same."""
     cfg = PRESETS[preset]
     r = fit.will_it_fit(
         preset, seq=128, precision="bf16-master-fp32-grads", sharding="zero3", n_gpus=gpus

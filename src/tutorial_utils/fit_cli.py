@@ -76,7 +76,10 @@ def parser() -> argparse.ArgumentParser:
         help="sequences per GPU per step (default 1)",
     )
     p.add_argument(
-        "--seq", type=_count("seq", 2**31), default=2048, help="tokens per sequence (default 2048)"
+        "--seq",
+        type=_count("seq", 2**31),
+        default=None,
+        help="tokens per sequence (default 2048, or GPT-2's 1024 positions)",
     )
     p.add_argument(
         "--precision",
@@ -140,6 +143,13 @@ def parser() -> argparse.ArgumentParser:
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
     args = parser().parse_args(argv)
+    positions = fit_inputs.LEARNED_POSITIONS.get(args.model)
+    if args.seq is None:
+        args.seq = min(2048, positions or 2048)
+    if positions and args.seq > positions:
+        raise _Refused(
+            f"{args.model} has {positions} learned positions; give --seq {positions} or less"
+        )
     if args.sharding != "none" and args.gpus == 1:
         raise _Refused(
             f"{args.sharding} shards over several GPUs and does nothing on one: "

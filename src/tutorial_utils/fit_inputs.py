@@ -33,6 +33,7 @@ __all__ = [
     "CHECKPOINTING",
     "GPUS",
     "HEADROOM",
+    "LEARNED_POSITIONS",
     "MODELS",
     "OPTIMIZERS",
     "RECIPES",
@@ -76,6 +77,10 @@ MODELS: dict[str, tuple[str, ...]] = {
         "meta-llama/meta-llama-3.1-70b",
     ),
 }
+
+#: The presets with learned position embeddings, and how many (``decoder.PRESETS`` agrees: a
+#: test checks), so the command line refuses a longer sequence before torch is imported.
+LEARNED_POSITIONS = {"gpt2-124m": 1024, "gpt2-1.5b": 1024}
 
 #: Precision recipes: how weights, gradients and optimizer state are stored (bytes per
 #: parameter in ``formulas.BYTES_PER_PARAMETER``), each with what it is called.
