@@ -128,12 +128,14 @@ def _states_alone(r: FitReport) -> str:
     )
 
 
-def _lighter(r: FitReport, find, what: str) -> Change | None:
-    """``find(**changes)`` with the knobs as they are, then with full checkpointing, then with
-    batch 1 as well; the first that fits, described."""
+def _lighter(r: FitReport, find, what: str, alone: bool = False) -> Change | None:
+    """``find(**changes)`` with the knobs as they are, then (unless ``alone``) with full
+    checkpointing, then with batch 1 as well; the first that fits, described."""
     new = find()
     if new is not None:
         return Change(what, new)
+    if alone:
+        return None
     if r.checkpointing != "full":
         new = find(checkpointing="full")
         if new is not None:
@@ -176,13 +178,17 @@ def advise(report: FitReport) -> Advice:
             new = _largest_batch(report, checkpointing="full")
             if new is not None:
                 changes.append(Change(f"batch {new.batch} and full checkpointing", new))
+    # When a batch or a checkpointing change alone fits, a sharding or recipe change is
+    # offered only if it fits on its own too: adding checkpointing and batch 1 to it would not
+    # be a smaller change
+    alone_fits = any(" and " not in change.what for change in changes)
     stages = fit.SHARDING[max(1, fit.SHARDING.index(report.sharding)) :]
     for stage in stages:
 
         def shard(stage=stage, **changes):
             return _fewest_gpus(report, stage, **changes)
 
-        change = _lighter(report, shard, stage)
+        change = _lighter(report, shard, stage, alone_fits)
         if change is not None:
             what = change.what.replace(stage, f"{stage} on {change.report.n_gpus} GPUs or more", 1)
             changes.append(Change(what, change.report))
@@ -191,7 +197,9 @@ def advise(report: FitReport) -> Advice:
         def pure(**changes):
             return _try(report, precision="pure-bf16", **changes)
 
-        change = _lighter(report, pure, "pure bf16 (weights, gradients and AdamW state)")
+        change = _lighter(
+            report, pure, "pure bf16 (weights, gradients and AdamW state)", alone_fits
+        )
         if change is not None:
             changes.append(change)
     return Advice(False, tuple(changes), alone)
