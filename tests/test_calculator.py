@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("ipywidgets")
 
@@ -120,3 +122,38 @@ def test_without_ipywidgets_it_says_what_to_use(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_widgets)
     with pytest.raises(ModuleNotFoundError, match="ipywidgets is not installed: use fit"):
         Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
+
+
+_CALC: list[Calculator] = []
+
+
+def _one_calculator() -> Calculator:
+    if not _CALC:
+        _CALC.append(Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1))
+    return _CALC[0]
+
+
+BAD_VALUES = {
+    "preset": st.text(max_size=8).map(lambda t: t + "#") | st.none() | st.integers(),
+    "precision": st.sampled_from(["fp8", "int4", "bf17"]) | st.none() | st.floats(),
+    "optimizer": st.sampled_from(["lion", "adafactor"]) | st.integers(),
+    "checkpointing": st.sampled_from(["some", "half"]) | st.booleans(),
+    "sharding": st.sampled_from(["zero4", "tp"]) | st.none(),
+    "batch": st.integers(max_value=0) | st.floats() | st.text(max_size=3) | st.booleans(),
+    "seq": st.integers(max_value=0) | st.integers(min_value=2**31 + 1) | st.none(),
+    "n_gpus": st.integers(max_value=0) | st.floats(),
+    "gpu": st.sampled_from(["GTX 9090", "lots", "-1GB", "1e999GB"]) | st.integers(max_value=0),
+    "headroom": st.integers() | st.text(max_size=3) | st.none(),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(BAD_VALUES)).flatmap(lambda k: st.tuples(st.just(k), BAD_VALUES[k])))
+def test_any_bad_value_is_one_sentence_and_moves_no_knob(knob_and_value):
+    knob, value = knob_and_value
+    calc = _one_calculator()
+    before = calc.values()
+    with pytest.raises((TypeError, ValueError)) as info:
+        calc.set(**{knob: value})
+    assert "\n" not in str(info.value) and type(info.value).__name__ != "TraitError"
+    assert calc.values() == before
