@@ -106,7 +106,10 @@ def test_the_names_people_type_and_the_persons_question():
     assert "does not fit on one 80GB GPU" in calc.summary.value
     assert "no batch or checkpointing change helps" in calc.summary.value
     assert "zero3 on 4 GPUs or more" in calc.summary.value
-    assert max(calc.updates) < 2.0, calc.updates
+    calc.set(batch=2)  # an update: a knob turned, the answer and the advice redrawn
+    calc.set(sharding="zero3", n_gpus=4, checkpointing="full")
+    assert calc.report.fits and "fits on each of 4 x 80GB GPU" in calc.summary.value
+    assert max(calc.updates[1:]) < 2.0, calc.updates
 
 
 def test_without_ipywidgets_it_says_what_to_use(monkeypatch):

@@ -304,6 +304,10 @@ def _run(module: nn.Module, x: torch.Tensor, checkpointing: str) -> torch.Tensor
     return checkpoint(module, x, use_reentrant=False, context_fn=contexts)
 
 
+#: The recipes whose module itself is bf16 (its activations are bf16 too).
+_BF16_MODULE = ("bf16-master", "bf16-master-fp32-grads", "pure-bf16")
+
+
 @dataclass(frozen=True)
 class Pass:
     """One part's forward and backward on fake tensors, in bytes above what it started with.
@@ -326,7 +330,7 @@ def _fake_pass(build, make_input, loss, precision: str, checkpointing: str) -> P
     acc = _FakeAccountant(torch.device("cpu"))
     with torch.device("meta"):
         module = build()
-    if precision in ("bf16-master", "bf16-master-fp32-grads", "pure-bf16"):
+    if precision in _BF16_MODULE:
         module = module.to(torch.bfloat16)
     low = torch.bfloat16  # fp16 has the same sizes; CPU autocast takes bf16
     autocast = (
@@ -520,7 +524,9 @@ def will_it_fit(
         )
     states, unit, unit_name = model_states(cfg, precision, optimizer, sharding, n_gpus)
     ddp = states["gradients"] if sharding == "none" and n_gpus > 1 else 0
-    block, head = _activations(cfg, batch, seq, precision, checkpointing)
+    # bf16 modules hold the same activations whatever the optimizer's copies: one cache entry
+    same = "bf16-master" if precision in _BF16_MODULE else precision
+    block, head = _activations(cfg, batch, seq, same, checkpointing)
     L = cfg.n_layers
     forward_acts = L * block.held + head.held
     grads_share = states["gradients"]
