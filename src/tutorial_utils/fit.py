@@ -182,7 +182,10 @@ class FitReport:
             lines.append(f"  + {name:<28}{format_bytes(nbytes):>12}")
         lines.append(f"  {'total':<30}{format_bytes(self.total):>12}")
         if self.gathered_unit:
-            lines.append(f"  ZeRO-3 gathers one unit at a time; the largest: {self.gathered_unit}")
+            lines.append(
+                "  ZeRO-3 gathers one FSDP unit at a time (torchtitan's wrapping: each block, "
+                f"then the root); the largest: {self.gathered_unit}"
+            )
         formula = (
             format_bytes(self.formula_total)
             if self.formula_total is not None
