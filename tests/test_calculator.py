@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("ipywidgets")
 
@@ -24,10 +26,11 @@ def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
     calc.knobs["batch"].value = 16  # what moving the slider does
     assert bytes(calc.picture.value).startswith(b"\x89PNG") and calc.picture.value != png
     assert calc.report == fit.will_it_fit(
-        "gpt2-124m", 16, 512, "bf16-master", "adamw", "selective", "none", 1
+        "gpt2-124m", 16, 512, "bf16-master", "adamw", "every-second-matmul", "none", 1, gpu="H100"
     )
-    assert calc.report.categories["activations"] > before.categories["activations"]
-    assert calc.summary.value != text and "per GPU exact" in calc.summary.value
+    assert calc.report.peak_bytes > before.peak_bytes
+    assert calc.summary.value != text and "fits on one H100 (80 GB): needs" in calc.summary.value
+    assert "Headroom kept: CUDA context" in calc.summary.value
     assert len(calc.updates) == 2
 
 
@@ -43,16 +46,21 @@ def test_set_turns_several_knobs_with_one_update():
     )
 
 
-def test_no_sharding_means_one_gpu_and_a_disabled_gpu_slider():
+def test_zero_on_one_gpu_is_refused_in_the_summary_and_several_gpus_alone_are_ddp():
     calc = Calculator(preset="gpt2-124m", seq=512, sharding="zero1", n_gpus=8)
-    assert not calc.knobs["n_gpus"].disabled and calc.report.n_gpus == 8
-    calc.set(sharding="none")
-    assert calc.knobs["n_gpus"].disabled and calc.report.n_gpus == 1
+    assert calc.report.n_gpus == 8
+    calc.set(n_gpus=1)
+    assert calc.report is None and "does nothing on one" in calc.summary.value
+    calc.set(sharding="none", n_gpus=4)
+    assert "DDP over 4 GPUs" in repr(calc.report)
 
 
 def test_an_impossible_choice_is_said_in_the_summary_not_raised():
-    calc = Calculator(preset="gpt2-124m", seq=1024, sharding="none", n_gpus=1)
-    calc.set(seq=2048)  # GPT-2 has 1024 learned positions
+    calc = Calculator(preset="llama-1b", seq=2048, sharding="none", n_gpus=1)
+    old = calc.report
+    assert calc.set(preset="gpt2-124m", seq=4096) is None  # GPT-2 has 1024 learned positions
+    assert calc.report is None, "the old answer (llama-1b at 2048) is not shown as the new one"
+    assert old.preset == "llama-1b" and "llama-1b" not in calc.summary.value
     assert calc.error and "1024 learned positions" in calc.summary.value
     assert bytes(calc.picture.value) == b"", "no bar for a question it cannot answer"
     assert "learned positions" in repr(calc)
@@ -68,6 +76,40 @@ def test_bad_knobs_get_one_sentence():
     calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
     with pytest.raises(TypeError, match="no knob colour"):
         calc.set(colour="red")
+    with pytest.raises(ValueError, match="precision 'fp8' is unknown: choose one of"):
+        calc.set(precision="fp8")
+    assert calc.knobs["precision"].value == "bf16-master", "a refused value moves no knob"
+
+
+def test_a_value_beyond_a_slider_widens_it_and_says_so():
+    calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
+    report = calc.set(batch=4096)
+    assert report.batch == 4096 and calc.knobs["batch"].value == 4096, "not clamped to 64"
+    assert "the batch slider now goes to 4,096" in calc.summary.value
+    calc.set(seq=768)
+    assert calc.report.seq == 768 and "768 added to the seq choices" in calc.summary.value
+
+
+def test_the_names_people_type_and_the_persons_question():
+    calc = Calculator(
+        preset="Llama-3-8B",
+        precision="bf16",
+        optimizer="adam",
+        seq=4096,
+        batch=4,
+        sharding="none",
+        n_gpus=1,
+        checkpointing="none",
+        gpu="80GB",
+    )
+    assert calc.report.fits is False and calc.report.preset == "llama-8b"
+    assert "does not fit on one 80GB GPU" in calc.summary.value
+    assert "no batch or checkpointing change helps" in calc.summary.value
+    assert "zero3 on 4 GPUs or more" in calc.summary.value
+    calc.set(batch=2)  # an update: a knob turned, the answer and the advice redrawn
+    calc.set(sharding="zero3", n_gpus=4, checkpointing="full")
+    assert calc.report.fits and "fits on each of 4 x 80GB GPU" in calc.summary.value
+    assert max(calc.updates[1:]) < 2.0, calc.updates
 
 
 def test_without_ipywidgets_it_says_what_to_use(monkeypatch):
@@ -83,3 +125,38 @@ def test_without_ipywidgets_it_says_what_to_use(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_widgets)
     with pytest.raises(ModuleNotFoundError, match="ipywidgets is not installed: use fit"):
         Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
+
+
+_CALC: list[Calculator] = []
+
+
+def _one_calculator() -> Calculator:
+    if not _CALC:
+        _CALC.append(Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1))
+    return _CALC[0]
+
+
+BAD_VALUES = {
+    "preset": st.text(max_size=8).map(lambda t: t + "#") | st.none() | st.integers(),
+    "precision": st.sampled_from(["fp8", "int4", "bf17"]) | st.none() | st.floats(),
+    "optimizer": st.sampled_from(["lion", "adafactor"]) | st.integers(),
+    "checkpointing": st.sampled_from(["some", "half"]) | st.booleans(),
+    "sharding": st.sampled_from(["zero4", "tp"]) | st.none(),
+    "batch": st.integers(max_value=0) | st.floats() | st.text(max_size=3) | st.booleans(),
+    "seq": st.integers(max_value=0) | st.integers(min_value=2**31 + 1) | st.none(),
+    "n_gpus": st.integers(max_value=0) | st.floats(),
+    "gpu": st.sampled_from(["GTX 9090", "lots", "-1GB", "1e999GB"]) | st.integers(max_value=0),
+    "headroom": st.integers() | st.text(max_size=3) | st.none(),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(BAD_VALUES)).flatmap(lambda k: st.tuples(st.just(k), BAD_VALUES[k])))
+def test_any_bad_value_is_one_sentence_and_moves_no_knob(knob_and_value):
+    knob, value = knob_and_value
+    calc = _one_calculator()
+    before = calc.values()
+    with pytest.raises((TypeError, ValueError)) as info:
+        calc.set(**{knob: value})
+    assert "\n" not in str(info.value) and type(info.value).__name__ != "TraitError"
+    assert calc.values() == before

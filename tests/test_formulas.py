@@ -1,9 +1,11 @@
-"""formulas: each closed form against what the course's models really hold (issue 21)."""
+"""formulas: each closed form against what the course's models really hold (issues 21, 31)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tutorial_utils import formulas, models
 from tutorial_utils.decoder import PRESETS, Decoder, DecoderConfig
@@ -119,3 +121,67 @@ def test_adam_state_matches_torch():
 def test_bad_choices_say_what_to_choose(call):
     with pytest.raises(ValueError, match="must be one of"):
         call()
+
+
+# Bad values, as property tests: every public formula refuses a count that is not a whole
+# number (TypeError) or is below its smallest sensible value (ValueError), in one sentence.
+NOT_WHOLE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.booleans(),
+    st.none(),
+    st.decimals(allow_nan=True).filter(lambda d: not d.is_finite() or d != int(d)),
+)
+BELOW_ONE = st.integers(max_value=0)
+CFG = PRESETS["gpt2-124m"]
+
+CALLS = {
+    "model_state_bytes": lambda v: formulas.model_state_bytes(v),
+    "model_state_bytes n_tensors": lambda v: formulas.model_state_bytes(10, n_tensors=v),
+    "korthikanti seq": lambda v: formulas.korthikanti_bytes(v, 1, 8, 2),
+    "korthikanti batch": lambda v: formulas.korthikanti_bytes(8, v, 8, 2),
+    "korthikanti d_model": lambda v: formulas.korthikanti_bytes(8, 1, v, 2),
+    "korthikanti n_heads": lambda v: formulas.korthikanti_bytes(8, 1, 8, v),
+    "block batch": lambda v: formulas.block_activation_bytes(CFG, v, 8),
+    "block seq": lambda v: formulas.block_activation_bytes(CFG, 1, v),
+    "playbook d_model": lambda v: formulas.playbook_parameters(v, 100, 2),
+    "tiny d_model": lambda v: formulas.tiny_transformer_parameters(100, v, 2, 2),
+}
+#: These accept 0 (an empty model has no bytes); everything else needs at least 1.
+ZERO_ALLOWED = {"model_state_bytes", "model_state_bytes n_tensors"}
+
+
+@pytest.mark.parametrize("name", CALLS)
+@given(value=NOT_WHOLE)
+def test_a_count_that_is_not_a_whole_number_is_a_type_error(name, value):
+    with pytest.raises(TypeError, match=r"must be a whole number such as 8, not") as info:
+        CALLS[name](value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", CALLS)
+@given(value=BELOW_ONE)
+def test_a_count_below_its_least_value_is_a_value_error(name, value):
+    if name in ZERO_ALLOWED and value == 0:
+        CALLS[name](value)  # fine: nothing to count
+        return
+    with pytest.raises(ValueError, match=r"must be a whole number >= [01], not -?\d+") as info:
+        CALLS[name](value)
+    assert "\n" not in str(info.value)
+
+
+@given(n=st.integers(min_value=0, max_value=10**15), recipe=st.sampled_from(formulas.PRECISIONS))
+def test_any_good_count_gives_bytes_that_are_whole_and_not_negative(n, recipe):
+    states = formulas.model_state_bytes(n, recipe, "adamw")
+    assert all(isinstance(v, int) and v >= 0 for v in vars(states).values())
+    per = {"pure-bf16": 8, "bf16-master-fp32-grads": 20}.get(recipe, 16)
+    assert states.total == per * n
+
+
+def test_a_config_that_is_not_a_decoder_config_is_named():
+    with pytest.raises(TypeError, match="cfg must be a decoder.DecoderConfig, not dict"):
+        formulas.block_activation_bytes({"d_model": 8}, 1, 8)
+    with pytest.raises(ValueError, match="element_bytes must be 1, 2, 4 or 8"):
+        formulas.block_activation_bytes(CFG, 1, 8, 3)
+    with pytest.raises(TypeError, match="fp32_grads must be True or False"):
+        formulas.model_state_bytes(10, "bf16-master", fp32_grads="yes")

@@ -64,14 +64,17 @@ def test_zero_stages_communication_per_step(zero):
 def test_zero_stages_train_like_one_process(zero):
     for rank in (0, 1):
         for setup, run in zero[rank].items():
+            assert run["grad_rel_gap"] < run["grad_tol"], setup  # bounds: tests/test_tolerances.py
             if setup.endswith("bf16"):
                 assert run["compute_dtype"] == "torch.bfloat16"
                 assert run["grad_dtype"] == "torch.float32"
-                assert run["grad_rel_gap"] < 2e-2
             else:
-                assert run["grad_rel_gap"] < 1e-6 and run["max_diff"] < 1e-5, setup
+                assert run["max_diff"] < run["weight_tol"], setup
         assert zero[rank]["ZeRO-2"]["gathered_between_fwd_bwd"] == 4 * PSI
         assert zero[rank]["ZeRO-3"]["gathered_between_fwd_bwd"] == 0
+        layer = 4 * (256 * 256 + 256)  # gathered bytes held as each layer starts its forward
+        assert zero[rank]["ZeRO-2"]["gathered_at_forward"] == [layer, 2 * layer, 3 * layer]
+        assert zero[rank]["ZeRO-3"]["gathered_at_forward"] == [layer] * 3
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_tensor_parallel_equals_one_process_with_half_the_weights(tp):
         full = rep["single"]["params"]
         for name in ("TP", "TP, q k v each", "TP+SP"):
             run = rep[name]
-            assert run["forward_gap"] < 1e-5 and run["grad_gap"] < 1e-5, name
+            assert run["forward_gap"] < run["forward_tol"] and run["grad_gap"] < run["grad_tol"]
             assert run["params"] == full - 4 * run["split_numel"] // 2, name
         assert rep["TP"]["forward_comm"] == rep["TP"]["backward_comm"] == {"all_reduce": 2}
         assert rep["TP, q k v each"]["backward_comm"] == {"all_reduce": 4}
@@ -150,7 +153,7 @@ def test_mesh_2d_fsdp_times_tp_equals_one_process_with_a_quarter_of_the_split_we
         replicated = sum(rep["param_numel"].values()) - split
         assert rep["param_bytes"] == rep["grad_bytes"] == 4 * (split // 4 + replicated // 2)
         assert rep["state_bytes"] == 2 * rep["param_bytes"] + 4 * rep["tensors"]
-        assert rep["forward_gap"] < 1e-5 and rep["grad_gap"] < 1e-5
+        assert rep["forward_gap"] < rep["forward_tol"] and rep["grad_gap"] < rep["grad_tol"]
         act = rep["B"] // 2 * rep["S"] * rep["H"] * 4
         tp_local = 4 * (split // 2 + replicated)
         ar = {"calls": 4, "bytes": 4 * act}  # 2 blocks x 2 sub-blocks

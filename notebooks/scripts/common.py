@@ -101,3 +101,52 @@ def report(data: dict) -> None:
         with open(path + ".tmp", "w") as f:
             json.dump(data, f)
         os.replace(path + ".tmp", path)
+
+
+# Tolerances. Two correct programs that add the same numbers in another order (another rank
+# split, another BLAS kernel, another thread count) round differently: the results agree only to
+# within what rounding can move them. Each bound below is that amount, worked out from the sum's
+# length, so it holds on every CPU math path (MKL AVX-512 or AVX2, ATen's kernels, oneDNN, any
+# thread count) and still catches a real mistake: a missing gradient average is off by 1/world,
+# a wrong shard by the size of the values themselves.
+FP32_ROUNDING = 2.0**-24  # one fp32 rounding moves a value by at most this, relatively
+BF16_ROUNDING = 2.0**-8  # one bf16 rounding: 8 significant bits
+
+
+def sum_bound(terms: int, rounding: float = FP32_ROUNDING) -> float:
+    """How far two orders of one sum of ``terms`` products can drift apart, relatively.
+
+    Each order is within ``terms * rounding`` of the exact sum (Higham, *Accuracy and Stability of
+    Numerical Algorithms*, §3.1: the constant gamma_n), so two orders are within twice that.
+    """
+    return 2 * terms * rounding
+
+
+def relative_gap(got, want) -> float:
+    """The largest difference of two lists of tensors, in units of the largest value they hold.
+
+    Relative to the largest value of all, not element by element nor tensor by tensor: an
+    element (or a one-element bias gradient) that is nearly zero because its terms cancel may
+    differ by all of itself after rounding, and that is no mistake.
+    """
+    got, want = list(got), list(want)
+    if len(got) != len(want):
+        raise ValueError(f"{len(got)} tensors compared with {len(want)}: pass matching lists")
+    scale = max(w.detach().float().abs().max().item() for w in want)
+    gap = max(
+        (g.detach().float() - w.detach().float()).abs().max().item()
+        for g, w in zip(got, want, strict=True)
+    )
+    return gap / scale if scale else gap
+
+
+def within(name: str, gap: float, tol: float) -> bool:
+    """``gap < tol``, and the pair booked in TUTORIAL_TOLERANCE_LOG when that variable names a
+    file (``tools/cpu_paths.py`` sets it to find each tolerance's worst value over CPU paths)."""
+    path = os.environ.get("TUTORIAL_TOLERANCE_LOG")
+    if path:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        record = {"source": os.path.basename(sys.argv[0]), "name": name, "rank": rank}
+        with open(path, "a") as f:  # one short line per append: whole even with ranks writing
+            f.write(json.dumps({**record, "gap": float(gap), "tol": float(tol)}) + "\n")
+    return gap < tol

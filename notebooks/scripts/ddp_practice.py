@@ -18,7 +18,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from common import log, report, setup, teardown
+from common import log, relative_gap, report, setup, sum_bound, teardown, within
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,10 +81,13 @@ def accumulation(rank: int, device: torch.device) -> dict:
     xm, ym = pieces[-1]
     (loss_fn(acc(xm), ym) / MICRO).backward()  # this backward all-reduces the sum
 
-    diff = max((a - b).abs().max().item() for a, b in zip(grads(acc), grads(full), strict=True))
-    naive_diff = max(
-        (a - b).abs().max().item() for a, b in zip(grads(naive), grads(full), strict=True)
-    )
+    diff = relative_gap(grads(acc), grads(full))
+    naive_diff = relative_gap(grads(naive), grads(full))
+    # A 2-layer MLP (8 -> 32 -> 1): a chain of sums of 8 and 32 products, then the sum over
+    # the 16 samples of each rank and the all-reduce, in another order (per micro-batch).
+    tol = sum_bound(8 + 32 + MICRO * MICRO_BATCH * dist.get_world_size())
+    within("ddp_practice accumulation grad_gap", diff, tol)
+    within("ddp_practice naive grad_gap", naive_diff, tol)
     return {
         "allreduce_calls": {
             "full": full_calls[0],
@@ -93,6 +96,7 @@ def accumulation(rank: int, device: torch.device) -> dict:
         },
         "max_grad_diff": diff,
         "naive_max_grad_diff": naive_diff,
+        "grad_tol": tol,
     }
 
 
@@ -148,7 +152,7 @@ def main() -> None:
     log(
         "no_sync accumulation: all-reduces per step",
         acc["allreduce_calls"],
-        f"| gradients equal the full batch: {acc['max_grad_diff'] < 1e-6}",
+        f"| gradients equal the full batch: {acc['max_grad_diff'] < acc['grad_tol']}",
     )
     ckpt = checkpoint(rank, device, args.checkpoint)
     log(f"checkpoint saved by rank 0, loaded on every rank: equal {ckpt['max_param_diff'] == 0}")

@@ -38,7 +38,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import log, mlp, report, setup, teardown
+from common import (
+    FP32_ROUNDING,
+    log,
+    mlp,
+    relative_gap,
+    report,
+    setup,
+    sum_bound,
+    teardown,
+    within,
+)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -121,6 +131,10 @@ def unused_parameters(device: torch.device, x: torch.Tensor, x_all: torch.Tensor
     ref = WithUnused()
     ref(x_all).pow(2).mean().backward()
     ref_grad = ref.used.weight.grad
+    # One Linear(16, 16): each output a sum of 16 products, each gradient a sum over the global
+    # batch in another order (per rank, then the all-reduce): within sum_bound of one process's.
+    # Unaveraged, it is off by far more.
+    grad_tol = sum_bound(16 + len(x_all))
     out = {}
     settings = {
         "default": {},
@@ -129,20 +143,22 @@ def unused_parameters(device: torch.device, x: torch.Tensor, x_all: torch.Tensor
     }
     for name, kwargs in settings.items():
         model = ddp(WithUnused(), device, **kwargs)
-        entry: dict = {"error": None, "steps": 0}
+        entry: dict = {"error": None, "steps": 0, "grad_tol": grad_tol}
         try:
             for _ in range(3):
                 model.zero_grad(set_to_none=True)
                 model(x).pow(2).mean().backward()
                 entry["steps"] += 1
                 if entry["steps"] == 1:
-                    gap = (model.module.used.weight.grad.cpu() - ref_grad).abs().max().item()
-                    entry["first_grad_gap"] = gap
+                    got = model.module.used.weight.grad.cpu()
+                    entry["first_grad_gap"] = relative_gap([got], [ref_grad])
         except RuntimeError as exc:  # the next forward refuses to start
             entry["error"] = str(exc).split(". ")[0] + "."
         entry["unused_grad_is_none"] = model.module.unused.weight.grad is None
         entry["unused_parameter_size"] = model._get_ddp_logging_data().get("unused_parameter_size")
         out[name] = entry
+        if name != "default":  # the default is the mistake: its first step is not averaged
+            within(f"ddp_seen {name} grad_gap", entry["first_grad_gap"], grad_tol)
         log(f"{name}: {entry['steps']} step(s) done, error: {entry['error']}")
     return out
 
@@ -212,8 +228,12 @@ def sync_batchnorm(rank: int, world: int, device: torch.device) -> dict:
         var = (1 - m) * layer.running_var + m * biased_var * count / (count - 1)
         how = "all_reduce by hand, since SyncBatchNorm refuses CPU input"
 
-    def gap(a: torch.Tensor, b: torch.Tensor) -> float:
-        return (a - b).abs().max().item()
+    def gap(a: torch.Tensor, b: torch.Tensor) -> float:  # relative to the largest value
+        return relative_gap([a], [b])
+
+    # A mean and a variance over the global batch, in another order, then a few elementwise
+    # roundings (subtract, square root, divide, scale, shift, the running averages).
+    out["tol"] = sum_bound(2 * world * len(x)) + 8 * FP32_ROUNDING
 
     out.update(
         how=how,
@@ -227,6 +247,8 @@ def sync_batchnorm(rank: int, world: int, device: torch.device) -> dict:
             "output": gap(local_out, full_out),
         },
     )
+    for key, value in out["sync_vs_full"].items():
+        within(f"ddp_seen sync_batchnorm {key}", value, out["tol"])
     return out
 
 

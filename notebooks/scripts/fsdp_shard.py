@@ -16,14 +16,17 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from common import local_bytes, log, report, setup, teardown
+from common import local_bytes, log, relative_gap, report, setup, sum_bound, teardown, within
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+WIDTH, DEPTH, LR = 512, 4, 1e-3
 
 
-def build_model(seed: int = 0, width: int = 512, depth: int = 4) -> nn.Sequential:
+def build_model(seed: int = 0, width: int = WIDTH, depth: int = DEPTH) -> nn.Sequential:
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(depth)])
 
@@ -40,10 +43,17 @@ def held_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
 
 def train_step(
     model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
-) -> None:
+) -> list[torch.Tensor]:
+    """One Adam step; returns the gradients it stepped with (whole tensors, also when sharded)."""
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
+    grads = [g.full_tensor() if isinstance(g, DTensor) else g.clone() for g in grads_of(model)]
     opt.step()
+    return grads
+
+
+def grads_of(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in model.parameters()]
 
 
 def shard(model: nn.Sequential, mesh, **kwargs) -> nn.Sequential:
@@ -127,22 +137,34 @@ def main() -> None:
 
     # 1. Unsharded: every rank holds everything (this is what DDP does).
     full = build_model().to(device)
-    opt_full = torch.optim.Adam(full.parameters(), lr=1e-3)
-    train_step(full, opt_full, x, y)  # on the whole batch: the reference step
+    opt_full = torch.optim.Adam(full.parameters(), lr=LR)
+    full_grads = train_step(full, opt_full, x, y)  # on the whole batch: the reference step
     unsharded = held_bytes(full, opt_full)
 
     # 2. Sharded: each Linear is its own FSDP unit (gathered only while it runs), then the root.
     mesh = init_device_mesh(device.type, (world,))
     model = shard(build_model().to(device), mesh)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    train_step(model, opt, x[mine], y[mine])  # gradients are averaged over the ranks
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    grads = train_step(model, opt, x[mine], y[mine])  # gradients are averaged over the ranks
     sharded = held_bytes(model, opt)
 
-    # The same step? Gather the full parameters back (a collective: every rank takes part).
-    diff = max(
+    # The same step? First the gradients it took, each relative to its largest value. Each one
+    # is a chain of DEPTH sums of WIDTH products and a sum over the batch, in another order on
+    # each side (halves of the batch, then the average): within sum_bound of each other.
+    grad_gap = relative_gap(grads, full_grads)
+    grad_tol = sum_bound(DEPTH * WIDTH + len(x))
+    # Then the weights (gathering them is a collective: every rank takes part). Adam's first
+    # step is lr * g / (|g| + eps): each weight moves by less than lr, but where |g| is near
+    # eps a rounding-sized change of g moves it by a visible part of lr. So the weights of two
+    # correct runs differ by less than 2 lr, and by far less where gradients are large.
+    weight_gap = max(
         (p.full_tensor() - q).abs().max().item()
         for p, q in zip(model.parameters(), full.parameters(), strict=True)
     )
+    weight_tol = 2 * LR
+    same = within("fsdp_shard grad_gap", grad_gap, grad_tol)
+    same &= within("fsdp_shard weight_gap", weight_gap, weight_tol)
+    log(f"FSDP2 takes the same step as one process (gradients, then weights): {same}")
     shard_shape = tuple(next(model.parameters()).to_local().shape)
     log(f"{world} ranks; first weight: global shape (512, 512), local shard {shard_shape}")
     practice = {
@@ -156,7 +178,10 @@ def main() -> None:
             "rank": rank,
             "unsharded": unsharded,
             "sharded": sharded,
-            "max_diff": diff,
+            "grad_gap": grad_gap,
+            "grad_tol": grad_tol,
+            "weight_gap": weight_gap,
+            "weight_tol": weight_tol,
             "shard_shape": list(shard_shape),
             **practice,
         }

@@ -1,15 +1,17 @@
-"""The "will it fit" calculator as a widget: change a knob, and the bar and the verdict follow.
+"""The "will it fit" calculator as a widget: change a knob, and the bar, verdict and advice follow.
 
-``fit.will_it_fit`` does the work (and caches what does not change); this module only draws it.
-In a notebook:
+``fit.will_it_fit`` does the work (and caches what does not change), ``fit_advice.advise``
+finds what to change; this module only draws them. In a notebook:
 
     from tutorial_utils.calculator import Calculator
-    Calculator(preset="llama-8b")          # the knobs, a stacked bar, the verdict
+    Calculator(preset="llama-3-8b", gpu="H100")   # the knobs, a stacked bar, the verdict
 
-``Calculator.set(batch=4)`` turns a knob from code (what a test does); ``.report`` is the latest
-``fit.FitReport``, ``.picture.value`` its bar as PNG bytes and ``.updates`` the seconds each
-update took (the answer and the picture). Without ipywidgets, building
-one says what to use instead (``fit.will_it_fit`` or ``python -m tutorial_utils.fit``).
+``Calculator.set(batch=4)`` turns knobs from code (what a test does), with the names people
+type (``precision="bf16"``, ``optimizer="adam"``). A value a slider cannot show widens the
+slider, never clamps silently; a value or combination the calculator refuses is said in the
+summary (``.error``), and ``.report`` is then None: an old answer is never shown as the new
+one. ``.picture.value`` is the bar as PNG bytes, ``.updates`` the seconds each update took.
+Without ipywidgets, building one says what to use instead.
 """
 
 from __future__ import annotations
@@ -18,23 +20,45 @@ import html
 import io
 import time
 
-from . import fit
+from . import fit, fit_advice, fit_inputs
 from .decoder import PRESETS
 from .units import format_bytes
 
 __all__ = ["SEQ_CHOICES", "Calculator"]
 
 SEQ_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
+_NO_GPU = "(any: list the cards it fits)"
 _DEFAULTS = {
     "preset": "llama-8b",
     "batch": 1,
     "seq": 2048,
     "precision": "bf16-master",
     "optimizer": "adamw",
-    "checkpointing": "selective",
+    "checkpointing": "every-second-matmul",
     "sharding": "zero3",
     "n_gpus": 8,
+    "gpu": "H100",
+    "headroom": True,
 }
+#: How each knob's value is read from what a person types (one sentence when it cannot be).
+_READ = {
+    "preset": fit_inputs.model,
+    "precision": fit_inputs.recipe,
+    "optimizer": fit_inputs.optimizer,
+    "checkpointing": fit_inputs.checkpointing,
+    "sharding": fit_inputs.sharding,
+    "batch": lambda v: fit_inputs.positive_int("batch", v),
+    "seq": lambda v: fit_inputs.positive_int("seq", v),
+    "n_gpus": lambda v: fit_inputs.positive_int("n_gpus", v, largest=2**20),
+    "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else fit_inputs.gpu(v).name,
+    "headroom": lambda v: _boolean(v),
+}
+
+
+def _boolean(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"headroom must be True or False, not {value!r}")
+    return value
 
 
 def _widgets():
@@ -43,7 +67,7 @@ def _widgets():
     except ImportError:
         raise ModuleNotFoundError(
             "ipywidgets is not installed: use fit.will_it_fit(...) or "
-            "`python -m tutorial_utils.fit PRESET` instead, or pip install ipywidgets."
+            "`python -m tutorial_utils fit MODEL` instead, or pip install ipywidgets."
         ) from None
     return ipywidgets
 
@@ -60,7 +84,7 @@ def _png(report: fit.FitReport) -> bytes:
 
 
 class Calculator:
-    """Knobs for every input of ``fit.will_it_fit``, one stacked bar, one verdict line."""
+    """Knobs for every input of ``fit.will_it_fit``, one stacked bar, a verdict and advice."""
 
     def __init__(self, **knobs) -> None:
         unknown = set(knobs) - set(_DEFAULTS)
@@ -69,19 +93,25 @@ class Calculator:
                 f"Calculator has no knob {', '.join(sorted(unknown))}; "
                 f"it has: {', '.join(_DEFAULTS)}."
             )
-        values = {**_DEFAULTS, **knobs}
-        fit.will_it_fit(**self._fit_args(values))  # bad values: fit's one-sentence error, now
+        values = self._read({**_DEFAULTS, **knobs})
+        fit.will_it_fit(**self._fit_args(values))  # a refused combination: its sentence, now
         w = _widgets()
-        seq_options = sorted({*SEQ_CHOICES, values["seq"]})
         self.knobs = {
             "preset": w.Dropdown(options=list(PRESETS), value=values["preset"]),
             "batch": w.IntSlider(value=values["batch"], min=1, max=max(64, values["batch"])),
-            "seq": w.SelectionSlider(options=seq_options, value=values["seq"]),
+            "seq": w.SelectionSlider(
+                options=sorted({*SEQ_CHOICES, values["seq"]}), value=values["seq"]
+            ),
             "precision": w.Dropdown(options=fit.PRECISIONS, value=values["precision"]),
             "optimizer": w.Dropdown(options=fit.OPTIMIZERS, value=values["optimizer"]),
             "checkpointing": w.Dropdown(options=fit.CHECKPOINTING, value=values["checkpointing"]),
             "sharding": w.Dropdown(options=fit.SHARDING, value=values["sharding"]),
             "n_gpus": w.IntSlider(value=values["n_gpus"], min=1, max=max(64, values["n_gpus"])),
+            "gpu": w.Dropdown(
+                options=list(dict.fromkeys([_NO_GPU, *fit_inputs.GPUS, values["gpu"]])),
+                value=values["gpu"],
+            ),
+            "headroom": w.Checkbox(value=values["headroom"]),
         }
         for name, knob in self.knobs.items():
             knob.description = name
@@ -95,61 +125,108 @@ class Calculator:
         self.picture.add_class("tu-fit-picture")
         knobs_list = list(self.knobs.values())
         self.widget = w.VBox(
-            [w.HBox(knobs_list[:4]), w.HBox(knobs_list[4:]), self.summary, self.picture]
+            [
+                w.HBox(knobs_list[:4]),
+                w.HBox(knobs_list[4:8]),
+                w.HBox(knobs_list[8:]),
+                self.summary,
+                self.picture,
+            ]
         )
         self.report: fit.FitReport | None = None
+        self.advice: fit_advice.Advice | None = None
         self.error: str | None = None
+        self.notes: list[str] = []  # what the last change did to a knob (a widened slider)
         self.updates: list[float] = []
         self._update()
 
     @staticmethod
-    def _fit_args(values: dict) -> dict:
+    def _read(values: dict) -> dict:
+        return {name: _READ[name](value) for name, value in values.items()}
+
+    def _fit_args(self, values: dict) -> dict:
         args = dict(values)
-        if args["sharding"] == "none":
-            args["n_gpus"] = 1  # one GPU: the slider waits until a stage is chosen
+        args["gpu"] = None if values["gpu"] == _NO_GPU else self._gpu(values["gpu"])
         return args
+
+    @staticmethod
+    def _gpu(name: str) -> fit_inputs.Gpu:
+        return fit_inputs.gpu(name.removesuffix(" GPU") if name.endswith(" GPU") else name)
 
     def values(self) -> dict:
         """The knobs' current values."""
         return {name: knob.value for name, knob in self.knobs.items()}
 
     def set(self, **knobs) -> fit.FitReport | None:
-        """Turn knobs from code, as a learner would by hand; returns the new report."""
+        """Turn knobs from code, as a learner would by hand; returns the new report, or None
+        when the calculator refuses the combination (``.error`` says why).
+
+        Values are read as ``fit_inputs`` reads them ("bf16", "adam", "Llama-3.1-8B"); one it
+        cannot read raises its one-sentence error and changes nothing. A batch, sequence or
+        GPU count beyond a slider widens the slider (said in ``.notes``), never clamps.
+        """
         unknown = set(knobs) - set(self.knobs)
         if unknown:
             raise TypeError(f"Calculator has no knob {', '.join(sorted(unknown))}.")
+        values = self._read(knobs)  # raises before any knob moves
+        self.notes = []
         self._holding = True  # one update for all the knobs, not one per knob
         try:
-            for name, value in knobs.items():
+            for name, value in values.items():
+                self._widen(name, value)
                 self.knobs[name].value = value
         finally:
             self._holding = False
         self._update()
         return self.report
 
+    def _widen(self, name: str, value) -> None:
+        knob = self.knobs[name]
+        if name in ("batch", "n_gpus") and value > knob.max:
+            knob.max = value
+            self.notes.append(f"the {name} slider now goes to {value:,}")
+        elif name in ("seq", "gpu") and value not in knob.options:
+            knob.options = (
+                sorted({*knob.options, value})
+                if name == "seq"
+                else [
+                    *knob.options,
+                    value,
+                ]
+            )
+            self.notes.append(f"{value} added to the {name} choices")
+
     _holding = False
 
     def _on_change(self, change) -> None:
         if not self._holding:
+            self.notes = []
             self._update()
 
     def _update(self) -> None:
         start = time.perf_counter()
-        values = self.values()
-        self.knobs["n_gpus"].disabled = values["sharding"] == "none"
+        # Cleared first: whatever happens below, the old answer is not shown as the new one
+        self.report, self.advice, self.error = None, None, None
         try:
-            report = fit.will_it_fit(**self._fit_args(values))
-        except ValueError as err:  # e.g. a sequence longer than GPT-2's learned positions
+            report = fit.will_it_fit(**self._fit_args(self.values()))
+        except (TypeError, ValueError) as err:  # e.g. GPT-2 at 2048 tokens, ZeRO on one GPU
             self.error = str(err)
             self.summary.value = f"<b>Cannot answer:</b> {html.escape(self.error)}"
             self.picture.value = b""
             self.updates.append(time.perf_counter() - start)
             return
-        self.report, self.error = report, None
-        self.summary.value = (
-            f"<b>{format_bytes(report.total)}</b> per GPU exact, "
-            f"{format_bytes(report.formula_total)} by formula: {html.escape(report.verdict)}"
-        )
+        self.report = report
+        lines = [f"<b>{html.escape(report.verdict)}</b>"]
+        if report.fits is False:
+            self.advice = fit_advice.advise(report)
+            lines.append("What would make it fit:")
+            lines.append(html.escape(repr(self.advice)).replace("\n", "<br>"))
+        if report.headroom:
+            kept = ", ".join(f"{k} {format_bytes(v)}" for k, v in report.headroom.items())
+            lines.append(f"Headroom kept: {html.escape(kept)} (sources: fit_inputs.HEADROOM).")
+        if self.notes:
+            lines.append(f"<i>{html.escape('; '.join(self.notes))}.</i>")
+        self.summary.value = "<br>".join(lines)
         self.picture.value = _png(report)
         self.updates.append(time.perf_counter() - start)
 

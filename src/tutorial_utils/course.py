@@ -26,13 +26,13 @@ MINUTES: dict[str, int] = {
     "00_start_here.ipynb": 35,
     "01_moving_tensors.ipynb": 45,
     "02_creating_tensors_on_the_right_device.ipynb": 35,
-    "03_data_parallelism.ipynb": 50,
-    "04_model_parallelism.ipynb": 40,
+    "03_data_parallelism.ipynb": 55,
+    "04_model_parallelism.ipynb": 45,
     "05_out_of_memory.ipynb": 55,
     "05a_where_memory_goes.ipynb": 70,
-    "06_mixed_precision_and_cudnn.ipynb": 55,
+    "06_mixed_precision_and_cudnn.ipynb": 60,
     "07_capstone_make_it_fit.ipynb": 45,
-    "08_sharding.ipynb": 105,
+    "08_sharding.ipynb": 110,
 }
 # END MINUTES
 

@@ -14,6 +14,7 @@ notebook (and in ``tests/test_formulas.py``). Nothing here runs a model.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from .decoder import DecoderConfig
@@ -22,6 +23,7 @@ __all__ = [
     "BYTES_PER_PARAMETER",
     "OPTIMIZER_STATE_BYTES",
     "PRECISIONS",
+    "STATE_ELEMENT_BYTES",
     "ModelStates",
     "block_activation_bytes",
     "decoder_parameters",
@@ -32,19 +34,32 @@ __all__ = [
 ]
 
 
+def _count(name: str, value, smallest: int = 0) -> int:
+    """``value`` as a whole number >= ``smallest``, or one sentence saying what to pass."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a whole number such as 8, not {value!r}")
+    if value < smallest:
+        raise ValueError(f"{name} must be a whole number >= {smallest}, not {value}")
+    return int(value)
+
+
 def tiny_transformer_parameters(vocab: int, d_model: int, n_layers: int, n_classes: int) -> int:
     """``models.TinyTransformer``: embedding, L encoder layers (ffn 4h), a classification head.
 
     Per layer: in_proj 3h^2 + 3h, out_proj h^2 + h, linear1 4h^2 + 4h, linear2 4h^2 + h and two
     LayerNorms 2h each: 12h^2 + 13h, the Playbook's per-layer term exactly.
     """
-    h = d_model
+    for name, value in (("vocab", vocab), ("n_layers", n_layers), ("n_classes", n_classes)):
+        _count(name, value)
+    h = _count("d_model", d_model, 1)
     return vocab * h + n_layers * (12 * h * h + 13 * h) + h * n_classes + n_classes
 
 
 def playbook_parameters(d_model: int, vocab: int, n_layers: int) -> int:
     """The Playbook's GPT-style count: tied embedding, L layers, a final LayerNorm (2h)."""
-    h = d_model
+    _count("vocab", vocab)
+    _count("n_layers", n_layers)
+    h = _count("d_model", d_model, 1)
     return h * vocab + n_layers * (12 * h * h + 13 * h) + 2 * h
 
 
@@ -54,6 +69,8 @@ def _norm_weights(cfg: DecoderConfig) -> int:
 
 def decoder_parameters(cfg: DecoderConfig) -> int:
     """``decoder.Decoder``'s exact parameter count from its config."""
+    if not isinstance(cfg, DecoderConfig):
+        raise TypeError(f"cfg must be a decoder.DecoderConfig, not {type(cfg).__name__}")
     h, f, kv = cfg.d_model, cfg.ff, cfg.kv_heads * cfg.head_dim
     bias = int(cfg.bias)
     attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
@@ -67,20 +84,36 @@ def decoder_parameters(cfg: DecoderConfig) -> int:
 
 #: The recipes of the calculator and the notebook: how weights, gradients and optimizer state
 #: are stored, in bytes per parameter (before the optimizer's own state).
-PRECISIONS = ("fp32", "autocast-bf16", "autocast-fp16", "bf16-master")
+PRECISIONS = (
+    "fp32",
+    "autocast-bf16",
+    "autocast-fp16",
+    "bf16-master",
+    "bf16-master-fp32-grads",
+    "pure-bf16",
+)
 
 #: bytes per parameter of weights, gradients and fp32 master weights for each recipe.
 #: Autocast keeps everything fp32 and adds cached low-precision copies of the weights during
 #: the step (2 bytes per weight that a matmul uses: in the activations, not here).
 #: "bf16-master" (Megatron, FSDP's MixedPrecisionPolicy): bf16 weights and gradients, an fp32
 #: master copy the optimizer updates; ``fp32_grads=True`` adds an fp32 gradient accumulation
-#: buffer (20 B with Adam).
+#: buffer (20 B with Adam). "bf16-master-fp32-grads" is that recipe as DeepSpeed's ZeRO
+#: estimators count it (``deepspeed/runtime/zero/stage_1_and_2.py``,
+#: ``estimate_zero2_model_states_mem_needs``: 2 B of 16-bit weights, plus 18 = 2 B 16-bit
+#: gradients + 4 B fp32 gradients + 4 B fp32 weights + 8 B Adam moments). "pure-bf16" is pure bf16:
+#: weights, gradients and the optimizer's moments all bf16 (8 B/param with AdamW).
 BYTES_PER_PARAMETER = {
     "fp32": {"weights": 4, "gradients": 4, "master": 0},
     "autocast-bf16": {"weights": 4, "gradients": 4, "master": 0},
     "autocast-fp16": {"weights": 4, "gradients": 4, "master": 0},
     "bf16-master": {"weights": 2, "gradients": 2, "master": 4},
+    "bf16-master-fp32-grads": {"weights": 2, "gradients": 6, "master": 4},
+    "pure-bf16": {"weights": 2, "gradients": 2, "master": 0},
 }
+
+#: Bytes of one element of the optimizer's state: fp32, except in the pure bf16 recipe.
+STATE_ELEMENT_BYTES = {name: 2 if name == "pure-bf16" else 4 for name in BYTES_PER_PARAMETER}
 
 #: fp32 optimizer state per parameter: momentum buffer (SGD with momentum), exp_avg and
 #: exp_avg_sq (Adam, AdamW). Adam also keeps a ``step`` counter per parameter tensor: a 4-byte
@@ -129,9 +162,16 @@ def model_state_bytes(
         raise ValueError(
             f"optimizer must be one of {tuple(OPTIMIZER_STATE_BYTES)}, not {optimizer!r}"
         )
+    _count("n_parameters", n_parameters)
+    _count("n_tensors", n_tensors)
+    _count("step_counter_bytes", step_counter_bytes)
+    if not isinstance(fp32_grads, bool):
+        raise TypeError(f"fp32_grads must be True or False, not {fp32_grads!r}")
     per = BYTES_PER_PARAMETER[precision]
-    grads = per["gradients"] + (4 if fp32_grads and per["master"] else 0)
-    state = OPTIMIZER_STATE_BYTES[optimizer] * n_parameters
+    extra = 4 if fp32_grads and precision == "bf16-master" else 0
+    grads = per["gradients"] + extra
+    moments = OPTIMIZER_STATE_BYTES[optimizer] // 4  # fp32 elements per parameter
+    state = moments * STATE_ELEMENT_BYTES[precision] * n_parameters
     if optimizer in ("adam", "adamw"):
         state += step_counter_bytes * n_tensors
     return ModelStates(
@@ -144,7 +184,15 @@ def model_state_bytes(
 
 def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
     """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks."""
-    s, b, h, a = seq, batch, d_model, n_heads
+    s, b, h, a = (
+        _count(name, value, 1)
+        for name, value in (
+            ("seq", seq),
+            ("batch", batch),
+            ("d_model", d_model),
+            ("n_heads", n_heads),
+        )
+    )
     return s * b * h * 34 + 5 * a * s * s * b
 
 
@@ -168,6 +216,14 @@ def block_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, element_byt
     RMSNorm's 1/rms are fp32 whatever ``element_bytes`` says, and RMSNorm in bf16 saves its
     input and normalised input upcast to fp32.
     """
+    if not isinstance(cfg, DecoderConfig):
+        raise TypeError(f"cfg must be a decoder.DecoderConfig, not {type(cfg).__name__}")
+    _count("batch", batch, 1)
+    _count("seq", seq, 1)
+    if element_bytes not in (1, 2, 4, 8) or isinstance(element_bytes, bool):
+        raise ValueError(
+            f"element_bytes must be 1, 2, 4 or 8 (a dtype's size), not {element_bytes!r}"
+        )
     if cfg.attention == "explicit" and cfg.kv_heads != cfg.n_heads:
         raise ValueError(
             "the formula covers explicit attention with one key/value head per query head "

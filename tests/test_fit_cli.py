@@ -1,0 +1,226 @@
+"""fit_cli and fit_inputs: the calculator asked the way a person asks, and every bad input in
+one sentence, before torch is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tutorial_utils import fit_cli, fit_inputs
+
+PERSON = ["llama-3-8b", "--precision", "bf16", "--optimizer", "adam", "--seq", "4096"]
+PERSON += ["--batch", "4", "--gpu", "80GB"]
+
+
+def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "fit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_help_describes_every_option_and_comes_before_torch():
+    parser = fit_cli.parser()
+    for action in parser._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no line in --help"
+    code = (
+        "import sys, time; start = time.perf_counter()\n"
+        "from tutorial_utils.__main__ import main\n"
+        "try:\n    main(['fit', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, time.perf_counter() - start, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    imported, seconds = done.stderr.split()
+    assert imported == "False", "--help imported torch"
+    assert float(seconds) < 0.5, seconds
+    for option in ("--batch", "--seq", "--precision", "--optimizer", "--checkpointing"):
+        assert option in done.stdout
+    for option in ("--sharding", "--gpus", "--gpu ", "--gpu-memory", "--no-headroom"):
+        assert option in done.stdout
+    assert "RTX 4090" in done.stdout and "L40S" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["llama-9b"], "model 'llama-9b' is unknown: choose one of"),
+        (["gpt2", "--precision", "fp8"], "precision 'fp8' is unknown"),
+        (["gpt2", "--batch", "-3"], "batch must be a whole number from 1"),
+        (["gpt2", "--batch", "2.5"], "batch must be a whole number such as 4"),
+        (["gpt2", "--gpus", "0"], "--gpus must be a whole number from 1"),
+        (["gpt2", "--gpu", "GTX 9090"], "GPU 'GTX 9090' is unknown: give its memory instead"),
+        (["gpt2", "--gpu-memory", "lots"], "cannot read 'lots' as a memory size"),
+        (["gpt2", "--sharding", "zero3"], "zero3 shards over several GPUs and does nothing on one"),
+        (["gpt2", "--gpu", "H100", "--gpu-memory", "24GB"], "not allowed with argument"),
+        (["gpt2", "--colour", "red"], "unrecognized arguments: --colour red"),
+        (["gpt2", "--seq", "4096"], "gpt2-124m has 1024 learned positions; give --seq 1024"),
+    ],
+)
+def test_argument_errors_are_one_sentence_without_torch(args, message, capsys, monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    before = set(sys.modules)
+    assert fit_cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fit: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err
+    assert "torch" not in set(sys.modules) - before
+
+
+def test_an_argument_error_answers_at_once():
+    start = time.perf_counter()
+    done = _run("llama-9b")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert time.perf_counter() - start < 2.0  # the interpreter's start, not torch's import
+
+
+def test_the_persons_question_gets_a_verdict_and_the_change_that_helps():
+    done = _run(*PERSON)
+    assert done.returncode == 1, done.stderr  # 1: it does not fit
+    out = done.stdout
+    assert out.startswith("Read as: llama-8b, fp32 states, bf16 autocast")
+    assert "does not fit on one 80GB GPU: needs " in out and "+ headroom" in out
+    assert "Model states alone are 119.66 GiB per GPU: no batch or checkpointing change" in out
+    assert "zero3 on 4 GPUs or more and full checkpointing" in out
+    assert "CUDA context: ml-engineering" in out
+
+
+def test_the_learned_positions_the_command_line_knows_are_the_presets():
+    from tutorial_utils.decoder import PRESETS
+
+    learned = {name: cfg.max_positions for name, cfg in PRESETS.items() if cfg.max_positions}
+    assert fit_inputs.LEARNED_POSITIONS == learned
+
+
+def test_gpu_memory_takes_a_size():
+    done = _run("gpt2", "--seq", "512", "--gpu-memory", "80GiB")
+    assert done.returncode == 0, done.stderr
+    assert "fits on one 80GiB GPU: needs" in done.stdout
+
+
+def test_no_headroom_gives_the_raw_peak():
+    done = _run("gpt2", "--seq", "512", "--gpu", "RTX 4090", "--no-headroom")
+    assert done.returncode == 0, done.stderr
+    assert "no headroom kept" in done.stdout and "CUDA context" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    "typed, preset",
+    [
+        ("llama-3-8b", "llama-8b"),
+        ("Llama-3.1-8B", "llama-8b"),
+        ("meta-llama/Llama-3.1-8B", "llama-8b"),
+        ("gpt2", "gpt2-124m"),
+        ("gpt2-xl", "gpt2-1.5b"),
+        ("GPT2-XL", "gpt2-1.5b"),
+    ],
+)
+def test_model_names_people_type(typed, preset):
+    assert fit_inputs.model(typed) == preset
+
+
+@pytest.mark.parametrize(
+    "typed, read",
+    [
+        ("bf16", "autocast-bf16"),
+        ("fp16", "autocast-fp16"),
+        ("fp32", "fp32"),
+        ("mixed", "bf16-master"),
+        ("pure-bf16", "pure-bf16"),
+        ("adam", "adamw"),
+        ("AdamW", "adamw"),
+        ("sgd", "sgd"),
+        ("selective", "every-second-matmul"),
+        ("fsdp", "zero3"),
+    ],
+)
+def test_recipe_optimizer_and_policy_names(typed, read):
+    readers = (fit_inputs.recipe, fit_inputs.optimizer, fit_inputs.checkpointing)
+    found = set()
+    for reader in (*readers, fit_inputs.sharding):
+        try:
+            found.add(reader(typed))
+        except ValueError:
+            pass
+    assert found == {read}
+
+
+@pytest.mark.parametrize(
+    "typed, nbytes",
+    [
+        ("24GB", 24 * 10**9),
+        ("24 GB", 24 * 10**9),
+        ("80GiB", 80 * 2**30),
+        ("RTX 3090", 24 * 10**9),
+        ("nvidia rtx 4090", 24 * 10**9),
+        ("L4", 24 * 10**9),
+        ("A10G", 24 * 10**9),
+        ("RTX A6000", 48 * 10**9),
+        ("L40S", 48 * 10**9),
+        ("a100-40gb", 40 * 10**9),
+        ("H100", 80 * 10**9),
+    ],
+)
+def test_a_gpu_is_a_card_or_a_size(typed, nbytes):
+    assert fit_inputs.gpu(typed).memory_bytes == nbytes
+
+
+# Free text with a character no name and no size has, and near-misses people type
+BAD_TEXT = st.one_of(
+    st.text(max_size=12).map(lambda t: t + "#"),
+    st.sampled_from(["fp8", "llama-9b", "lion", "zero4", "-1GB", "nan GB", "1e999GB", "GB", ""]),
+)
+NOT_TEXT = st.one_of(st.none(), st.integers(), st.floats(), st.booleans(), st.lists(st.text()))
+
+
+@given(BAD_TEXT)
+def test_any_unknown_name_gets_one_sentence_that_lists_the_choices(text):
+    for reader in (
+        fit_inputs.model,
+        fit_inputs.recipe,
+        fit_inputs.optimizer,
+        fit_inputs.checkpointing,
+        fit_inputs.sharding,
+        fit_inputs.gpu,
+    ):
+        try:
+            reader(text)
+        except ValueError as err:
+            assert "\n" not in str(err) and (
+                "choose one of" in str(err) or "give" in str(err) or "write it like" in str(err)
+            )
+        else:
+            raise AssertionError(f"{reader.__name__} accepted {text!r}")
+
+
+@given(NOT_TEXT)
+def test_a_name_that_is_not_text_is_a_type_error_in_one_sentence(value):
+    for reader in (fit_inputs.model, fit_inputs.recipe, fit_inputs.optimizer):
+        with pytest.raises(TypeError, match="must be text such as"):
+            reader(value)
+
+
+@given(st.one_of(st.integers(max_value=0), st.integers(min_value=2**31 + 1)))
+def test_counts_out_of_range_say_the_range(value):
+    with pytest.raises(ValueError, match="must be a whole number from 1 to"):
+        fit_inputs.positive_int("batch", value)
+
+
+@given(st.one_of(st.floats(), st.text(), st.booleans(), st.none()))
+def test_counts_that_are_not_whole_numbers_say_so(value):
+    with pytest.raises(TypeError, match="batch must be a whole number such as 4"):
+        fit_inputs.positive_int("batch", value)
+
+
+@given(
+    st.floats(allow_nan=True, allow_infinity=True).filter(lambda x: not 2**20 <= x * 1e9 <= 2**50)
+)
+def test_sizes_that_are_no_gpu_are_refused(gb):
+    with pytest.raises((ValueError, TypeError)):
+        fit_inputs.parse_size(f"{gb}GB")
