@@ -15,7 +15,6 @@ from tutorial_utils.exercises import Feedback, reset_attempts
 from tutorial_utils.exercises.sharding import (
     _GRID,
     LINEARS,
-    _zero_reference,
     check_batch_for,
     check_tp_plan,
     check_zero_bytes,
@@ -30,13 +29,14 @@ def _fresh_attempts():
     reset_attempts()
 
 
-def zero_bytes(stage, psi, n, k):
+def zero_bytes(stage, psi, n, k, width=4, sharded=(1, 2, 3)):
+    """The parts on one rank; ``sharded``: the stage from which state, grads, params are split."""
+    state_from, grads_from, params_from = sharded
     return {
-        0: (8 + k) * psi,
-        1: 8 * psi + k * psi / n,
-        2: 4 * psi + (4 + k) * psi / n,
-        3: (8 + k) * psi / n,
-    }[stage]
+        "params": width * psi / (n if stage >= params_from else 1),
+        "grads": width * psi / (n if stage >= grads_from else 1),
+        "state": k * psi / (n if stage >= state_from else 1),
+    }
 
 
 def test_zero_bytes_passes_the_formulas():
@@ -45,12 +45,7 @@ def test_zero_bytes_passes_the_formulas():
 
 def test_zero_bytes_fails_the_playbooks_bf16_form_with_a_hint_about_dtypes():
     def bf16(stage, psi, n, k):
-        return {
-            0: (4 + k) * psi,
-            1: 4 * psi + k * psi / n,
-            2: 2 * psi + (2 + k) * psi / n,
-            3: (4 + k) * psi / n,
-        }[stage]
+        return zero_bytes(stage, psi, n, k, width=2)
 
     fb = check_zero_bytes(bf16)
     assert not fb.passed and fb.answered and fb.attempt == 1
@@ -62,14 +57,17 @@ def test_zero_bytes_fails_the_playbooks_bf16_form_with_a_hint_about_dtypes():
     [
         # ZeRO-2 written as ZeRO-3 (parameters sharded too)
         lambda s, psi, n, k: zero_bytes(3 if s == 2 else s, psi, n, k),
+        # ZeRO-2 shards the parameters instead of the gradients: the same totals in fp32
+        lambda s, psi, n, k: zero_bytes(s, psi, n, k, sharded=(1, 3, 2)),
         # every stage shards everything
-        lambda s, psi, n, k: (8 + k) * psi / n,
+        lambda s, psi, n, k: zero_bytes(s, psi, n, k, sharded=(0, 0, 0)),
         # stages shifted by one
         lambda s, psi, n, k: zero_bytes(min(s + 1, 3), psi, n, k),
-        # NaN and non-numbers
-        lambda s, psi, n, k: float("nan"),
-        lambda s, psi, n, k: "many",
-        lambda s, psi, n, k: torch.tensor(1.0),
+        # the total, not the parts; NaN and non-numbers
+        lambda s, psi, n, k: sum(zero_bytes(s, psi, n, k).values()),
+        lambda s, psi, n, k: {**zero_bytes(s, psi, n, k), "state": float("nan")},
+        lambda s, psi, n, k: {**zero_bytes(s, psi, n, k), "grads": "many"},
+        lambda s, psi, n, k: {**zero_bytes(s, psi, n, k), "params": torch.tensor(1.0)},
     ],
 )
 def test_zero_bytes_fails_wrong_answers(wrong):
@@ -229,12 +227,12 @@ def rejected(fb: Feedback) -> bool:
 @given(value=garbage, at=st.sampled_from(_GRID), everywhere=st.booleans())
 def test_zero_bytes_rejects_garbage(value, at, everywhere):
     def answer(stage, psi, n, k):
-        return value if everywhere or (stage, psi, n, k) == at else zero_bytes(stage, psi, n, k)
+        right = zero_bytes(stage, psi, n, k)
+        return {**right, "grads": value} if everywhere or (stage, psi, n, k) == at else right
 
-    want = _zero_reference(*at)
+    want = zero_bytes(*at)["grads"]
     plain = type(value) in (int, float, EqInt, EqFloat) and not isinstance(value, bool)
     assume(not (plain and abs(float(value) - want) <= 1e-9 * want + 0.5 and not everywhere))
-    assume(not everywhere or value is not None)  # None everywhere is the placeholder
     assert rejected(check_zero_bytes(answer))
 
 

@@ -28,8 +28,12 @@ __all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "t
 # ZeRO bytes per rank
 
 
-def _zero_reference(stage: int, psi: int, n: int, k: float, width: int = 4) -> float:
-    """``width``-byte parameters and gradients (fp32: 4), k bytes of optimizer state each."""
+CATEGORIES = ("params", "grads", "state")  # section 1's names for the three parts
+
+
+def _zero_parts(stage: int, psi: int, n: int, k: float, width: int = 4) -> dict[str, float]:
+    """Bytes of each part on one rank: ``width``-byte parameters and gradients (fp32: 4), k bytes
+    of optimizer state each; stage 1 shards the state, 2 the gradients too, 3 the parameters."""
     params, grads, state = width * psi, width * psi, k * psi
     if stage >= 1:
         state /= n
@@ -37,7 +41,12 @@ def _zero_reference(stage: int, psi: int, n: int, k: float, width: int = 4) -> f
         grads /= n
     if stage >= 3:
         params /= n
-    return params + grads + state
+    return {"params": params, "grads": grads, "state": state}
+
+
+def _zero_reference(stage: int, psi: int, n: int, k: float, width: int = 4) -> float:
+    """The total of ``_zero_parts``."""
+    return sum(_zero_parts(stage, psi, n, k, width).values())
 
 
 _GRID = [
@@ -48,47 +57,78 @@ _GRID = [
     for k in (8, 12)
 ]
 
+_SHARDED = {"params": 3, "grads": 2, "state": 1}  # the first stage that shards each part
+_NAMES = {"params": "the parameters", "grads": "the gradients", "state": "the optimizer state"}
+
 
 @checker(answers=("zero_bytes",))
-def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], float]) -> Feedback:
-    """``zero_bytes(stage, psi, n, k)``: bytes of parameters + gradients + optimizer state on one
-    rank, stage 0 (DDP) to 3, ``psi`` fp32 parameters, ``n`` ranks, ``k`` bytes of state each."""
-    fb = Feedback("zero_bytes(stage, psi, n, k) gives the bytes on one rank")
+def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feedback:
+    """``zero_bytes(stage, psi, n, k)``: the bytes of each part on one rank, as a dict
+    ``{"params": ..., "grads": ..., "state": ...}``, stage 0 (DDP) to 3, ``psi`` fp32
+    parameters, ``n`` ranks, ``k`` bytes of state each.
+
+    Graded part by part: the totals alone cannot tell ZeRO-2 sharding the parameters from
+    ZeRO-2 sharding the gradients (both 4 bytes each in fp32)."""
+    fb = Feedback("zero_bytes(stage, psi, n, k) gives the bytes of each part on one rank")
     fb.hint(
         "under DDP every rank keeps three things per parameter: which, and how many bytes each? "
         "Then: which of them does each ZeRO stage split over the n ranks?"
     )
     fb.fix(
         "DDP keeps 4 + 4 + k bytes per parameter on every rank; each stage divides one more of "
-        "the three by n: first the optimizer state, then the gradients, then the parameters. "
-        "Stage 0: (8 + k) * psi; stage 1: 8 * psi + k * psi / n; stage 2: 4 * psi + "
-        "(4 + k) * psi / n; stage 3: (8 + k) * psi / n"
+        "the three by n: first the optimizer state, then the gradients, then the parameters: "
+        "params, grads, state = 4 * psi, 4 * psi, k * psi; then state /= n from stage 1, "
+        "grads /= n from stage 2, params /= n at stage 3"
     )
     wrong: list[str] = []
+    parts_wrong: dict[str, list[int]] = {c: [] for c in CATEGORIES}
     bf16 = 0  # answers that match the Playbook's bf16 form (2-byte parameters and gradients)
     for stage, psi, n, k in _GRID:
-        want = _zero_reference(stage, psi, n, k)
+        want = _zero_parts(stage, psi, n, k)
         call = f"zero_bytes({stage}, {psi:,}, {n}, {k})"
-        got = fb.run(call, zero_bytes, stage, psi, n, k)
-        value = finite_number(got)
+        got = fb.run(call, zero_bytes, stage, psi, n, k, returns=dict)
         fb.require(
-            value is not None,
-            number_problem(call, got) + " (a number of bytes)",
-            brief="zero_bytes does not return a number",
+            set(got) == set(CATEGORIES),
+            f"{call} returned a dict with keys {describe(sorted(map(str, got)))}: return "
+            '{"params": ..., "grads": ..., "state": ...}, the bytes of each part',
+            brief="zero_bytes does not return the three parts",
         )
-        if abs(value - want) > 1e-9 * want + 0.5:
-            wrong.append(f"{call} = {value:,.0f}, expected {want:,.0f}")
-            if abs(value - _zero_reference(stage, psi, n, k, width=2)) <= 1e-9 * want + 0.5:
+        values = {c: finite_number(got[c]) for c in CATEGORIES}
+        bad = next((c for c in CATEGORIES if values[c] is None), None)
+        fb.require(
+            bad is None,
+            number_problem(f"{call}[{bad!r}]", got.get(bad)) + " (a number of bytes)",
+            brief="zero_bytes does not return numbers",
+        )
+        off = [c for c in CATEGORIES if abs(values[c] - want[c]) > 1e-9 * want[c] + 0.5]
+        if off:
+            wrong.append(
+                f"{call}: "
+                + ", ".join(f"{c} {values[c]:,.0f}, expected {want[c]:,.0f}" for c in off)
+            )
+            for c in off:
+                parts_wrong[c].append(stage)
+            half = _zero_parts(stage, psi, n, k, width=2)
+            if all(abs(values[c] - half[c]) <= 1e-9 * want[c] + 0.5 for c in CATEGORIES):
                 bf16 += 1
     if bf16 and bf16 == len(wrong):  # only when that is the one mistake
         fb.hint(
             "this course trains in fp32: a parameter and its gradient take 4 bytes each, not 2 "
             "(the Playbook's formula is for bf16 with an fp32 master copy inside k)"
         )
+    for part, stages in parts_wrong.items():
+        first = _SHARDED[part]
+        if stages and bf16 != len(wrong):
+            fb.expect(
+                False,
+                f"{_NAMES[part]} are wrong at stage(s) {', '.join(map(str, sorted(set(stages))))}: "
+                f"ZeRO shards them from stage {first} on (divided by n), not before",
+                brief=f"{_NAMES[part]} are wrong at some stages",
+            )
     fb.expect(
         not wrong,
         "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
-        brief=f"{len(wrong)} of {len(_GRID)} values are wrong",
+        brief=f"{len(wrong)} of {len(_GRID)} setups are wrong",
     )
     return fb
 
