@@ -29,8 +29,10 @@ the same thing as ``torchrun --standalone`` and handles those cases:
   ``result.exit_problem`` says which rank died and how;
 * nothing the job started outlives ``launch``, however it detached: on Linux torchrun runs under
   a child subreaper (``processes.contained``) that stops and reaps every process left below it,
-  and on every system the processes that carry this launch's mark in their environment are
-  stopped before ``launch`` returns;
+  and torchrun is a subreaper itself, so a rank that kills the supervisor still leaves its
+  orphans where ``launch`` finds them (it sweeps at once when the supervisor dies); on every
+  system the processes that carry this launch's mark in their environment are stopped, looking
+  again until none is left (``processes.sweep``), before ``launch`` returns;
 * if the notebook's process dies while the job runs (a kernel restart: SIGTERM or SIGKILL, no
   ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
   its temporary folder within a second or two.
@@ -71,7 +73,7 @@ from typing import Any
 
 import psutil
 
-from .processes import Watchdog, contained, stop_tree
+from .processes import Watchdog, contained, sweep
 
 __all__ = [
     "KEEP_LINES",
@@ -428,28 +430,42 @@ def _worker_ranks(procs: Iterable[psutil.Process]) -> dict[int, int]:
     return out
 
 
-def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Terminate torchrun and every descendant (each worker leads its own session), then reap."""
-    try:
-        root = psutil.Process(proc.pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    stop_tree(tree, grace_s=grace)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
+class _Job:
+    """The processes of one launch, and how to stop all of them (``processes.sweep``).
+
+    The roots are the supervisor (``contained``) and torchrun, both subreapers on Linux: what a
+    rank leaves behind lands on one of them, so a sweep from them finds it even after a rank
+    killed the supervisor. The mark finds what left in its own session off Linux."""
+
+    def __init__(self, proc: subprocess.Popen, mark: str) -> None:
+        self.proc = proc
+        self.mark = mark
+        self.roots: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            self.roots.append(psutil.Process(proc.pid))
+        self.torchrun: psutil.Process | None = None
+
+    def find_torchrun(self) -> None:
+        """Remember torchrun (the supervisor's child) once it exists; a no-op off Linux."""
+        if self.torchrun is not None or not self.roots or not _contained_here():
+            return
+        with contextlib.suppress(psutil.Error):
+            children = self.roots[0].children()
+            if children:
+                self.torchrun = children[0]
+                self.roots.append(children[0])
+
+    def stop(self, grace: float = _ORPHAN_GRACE_S) -> list[int]:
+        """Stop every process of the job (roots last) and reap torchrun's launcher."""
+        self.find_torchrun()
+        left = sweep(self.roots, marks=[(_MARK_ENV, self.mark)], grace_s=grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace)
+        return left
 
 
-def _stop_marked(mark: str, grace: float = _ORPHAN_GRACE_S) -> list[int]:
-    """Stop every process whose environment carries this launch's mark; the pids found."""
-    found = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if p.pid != os.getpid() and p.environ().get(_MARK_ENV) == mark:
-                found.append(p)
-    if found:
-        stop_tree(found, grace_s=grace)
-    return [p.pid for p in found]
+def _contained_here() -> bool:
+    return sys.platform.startswith("linux")
 
 
 def _read_reports(folder: Path) -> tuple[dict[int, Any], dict[int, str]]:
@@ -583,6 +599,7 @@ def _run_job(
         )
         watchdog.guard(proc.pid)
         result.launcher_pid = proc.pid
+        job = _Job(proc, mark)
         lines: queue.Queue[tuple[str, str, bool] | None] = queue.Queue(maxsize=10_000)
         closing = threading.Event()
         readers = [
@@ -610,6 +627,7 @@ def _run_job(
 
         deadline = start + timeout
         timed_out = False
+        swept = False
         hung: dict[int, int] = {}
         try:
             open_streams = len(readers)
@@ -618,6 +636,12 @@ def _run_job(
                 if remaining <= 0:
                     timed_out = True
                     break
+                job.find_torchrun()
+                if not swept and proc.poll() is not None:
+                    # The supervisor is gone while the job's output is still open: it was killed
+                    # (by a rank, say), and nothing stops what it left. Stop it now.
+                    swept = True
+                    job.stop()
                 try:
                     item = lines.get(timeout=min(remaining, 0.2))
                 except queue.Empty:
@@ -629,12 +653,11 @@ def _run_job(
             if timed_out:
                 with contextlib.suppress(psutil.Error):
                     hung = _worker_ranks(psutil.Process(proc.pid).children(recursive=True))
-                _stop_tree(proc)
+                job.stop()
             else:
                 proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
         except BaseException:  # KeyboardInterrupt (the stop button) included: never leave orphans
-            _stop_tree(proc)
-            _stop_marked(mark)
+            job.stop()
             raise
         finally:
             closing.set()
@@ -652,7 +675,7 @@ def _run_job(
                 take(splitter.feed(*item))
         take(splitter.flush())
         result.rank_output = {rank: list(found) for rank, found in sorted(kept.items())}
-        _stop_marked(mark)  # what escaped the subreaper (or every leftover, off Linux)
+        job.stop()  # what escaped the subreapers (or every leftover, off Linux)
         result.wall_seconds = time.perf_counter() - start
         result.returncode = proc.returncode if proc.returncode is not None else -1
         result.reports, result.report_errors = _read_reports(report_dir)
