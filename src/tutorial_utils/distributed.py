@@ -37,6 +37,15 @@ the same thing as ``torchrun --standalone`` and handles those cases:
   ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
   its temporary folder within a second or two.
 
+What listens while a job runs (measured with ``ss -ltnp``, torch 2.13): torchrun's c10d
+rendezvous store (the port ``launch`` chose) and the workers' store (``MASTER_PORT``) listen on
+**every interface**, not only 127.0.0.1, and they are not authenticated: a ``TCPStore`` server
+binds the wildcard address whatever host it is given, and only ``TCPStore(master_listen_fd=...)``
+can bind it to loopback, which torchrun's options (``--rdzv-endpoint``, ``--rdzv-conf``,
+``--local-addr``) and environment (``MASTER_ADDR``) do not reach. ``launch`` runs torchrun
+unmodified, so on a shared network use a firewall (docs/troubleshooting.md, section 13). The
+ranks' gloo sockets listen on 127.0.0.1.
+
 The command it runs is ``result.command`` (a list, as ``subprocess`` takes it) and
 ``result.command_line`` (one string to print); ``torchrun_command`` builds the same list.
 
