@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
-import shutil
 import textwrap
 import time
 from pathlib import Path
