@@ -115,6 +115,9 @@ _MARK = re.compile(r"\x1e(\d+)\x1f")
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ")  # what torch adds itself to a rank's traceback
 _LAST_LINES = 15
 _MAX_PROCS_PER_CORE = 4  # nproc above this many per logical core is refused
+_MAX_TIMEOUT_S = (
+    86_400.0  # a day: a longer wait overflows a thread's timeout, and no lesson needs it
+)
 
 
 class LaunchError(RuntimeError):
@@ -234,6 +237,12 @@ def torchrun_command(
     --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3
     scripts/ddp_train.py --epochs 3
     """
+    script = _script_path(script)
+    args = _check_job(nproc, args, port, port_may_be_none=False)
+    if log_dir is not None and (
+        isinstance(log_dir, bytes) or not isinstance(log_dir, (str, os.PathLike))
+    ):
+        raise TypeError(f"log_dir must be a folder's path or None; got {log_dir!r}")
     cmd = [
         sys.executable,
         "-m",
@@ -250,7 +259,7 @@ def torchrun_command(
     ]
     if log_dir is not None:
         cmd.append(f"--log-dir={log_dir}")
-    return [*cmd, str(script), *map(str, args)]
+    return [*cmd, str(script), *args]
 
 
 # --------------------------------------------------------------------------- checking arguments
@@ -294,12 +303,9 @@ def _check_folders(script: Path) -> None:
             )
 
 
-def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: Any) -> list[str]:
-    """Raise one sentence for the first bad argument; return ``args`` as strings."""
-    if not script.is_file():
-        raise FileNotFoundError(
-            f"no script at {script}: give a path relative to the notebook's folder"
-        )
+def _check_job(nproc: Any, args: Any, port: Any, *, port_may_be_none: bool) -> list[str]:
+    """``nproc``, ``args`` and ``port`` as both ``launch`` and ``torchrun_command`` take them:
+    one sentence for the first bad one; ``args`` back as strings."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a whole number of processes, at least 1; got {nproc!r}")
     cores = os.cpu_count() or 1
@@ -309,11 +315,7 @@ def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: An
             f"nproc={nproc} is far more than this machine's {cores} cores can run "
             f"(at most {limit} here): use one process per GPU, or 2 on a CPU"
         )
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
-    if port is not None and (
+    if not (port is None and port_may_be_none) and (
         isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
     ):
         raise ValueError(
@@ -321,7 +323,45 @@ def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: An
         )
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
         raise TypeError(f"args must be a list of arguments, e.g. ['--epochs', '3']; got {args!r}")
-    return [str(a) for a in args]
+    out = []
+    for a in args:
+        if isinstance(a, (bytes, bytearray)) or not isinstance(a, (str, int, float, os.PathLike)):
+            raise TypeError(
+                f"each argument must be text, a number or a path, e.g. ['--epochs', '3']; got {a!r}"
+            )
+        text = os.fspath(a) if isinstance(a, os.PathLike) else str(a)
+        if "\0" in text:
+            raise ValueError(
+                f"argument {text!r} contains a NUL character, which no program can receive"
+            )
+        out.append(text)
+    return out
+
+
+def _check_arguments(
+    script: Path, nproc: Any, args: Any, timeout: Any, port: Any, echo: Any = None
+) -> list[str]:
+    """Raise one sentence for the first bad argument of ``launch``; return ``args`` as strings."""
+    if "\0" in str(script):
+        raise ValueError(f"the script's path contains a NUL character: {str(script)!r}")
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"no script at {script}: give a path relative to the notebook's folder"
+        )
+    arg_list = _check_job(nproc, args, port, port_may_be_none=True)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not (math.isfinite(timeout) and 0 < timeout <= _MAX_TIMEOUT_S):
+        raise ValueError(
+            f"timeout must be a positive, finite number of seconds, at most {_MAX_TIMEOUT_S:g} "
+            "(a day); "
+            f"got {timeout!r}"
+        )
+    if echo is not None and not callable(echo):
+        raise TypeError(
+            f"echo must be a function called with each line (print) or None; got {echo!r}"
+        )
+    return arg_list
 
 
 def _choose_port(port: int | None, echo: Callable[[str], None] | None) -> int:
@@ -542,7 +582,7 @@ def launch(
     a file named like a standard-library module (``queue.py``) raises ``RuntimeError``.
     """
     script = _script_path(script)
-    arg_list = _check_arguments(script, nproc, args, timeout, port)
+    arg_list = _check_arguments(script, nproc, args, timeout, port, echo)
     _check_folders(script)
     chosen = _choose_port(port, echo)
     return _launch_once(script, nproc, arg_list, float(timeout), chosen, echo)

@@ -33,6 +33,12 @@ def format_bytes(nbytes: float | int | None, precision: int = 2) -> str:
             f"format_bytes needs a number of bytes, not {nbytes!r}; "
             "read a size written as text with parse_bytes() first"
         )
+    if isinstance(precision, bool) or not isinstance(precision, int) or not 0 <= precision <= 15:
+        raise ValueError(
+            f"precision must be a whole number of digits from 0 to 15, not {precision!r}"
+        )
+    if isinstance(nbytes, numbers.Integral) and abs(int(nbytes)) >= 2**1000:  # beyond a float
+        return f"{'-' if nbytes < 0 else ''}{abs(int(nbytes)) // 2**50} PiB"
     if math.isnan(nbytes):
         return "n/a"
     if math.isinf(nbytes):
@@ -79,4 +85,8 @@ def parse_bytes(text: str | int | float) -> int:
             f"{text!r} is too large a size (over {_TOO_LARGE_TEXT}); write it in bytes, "
             "KiB, MiB, GiB, TiB or PiB, such as '512 MiB'"
         )
-    return int(nbytes)
+    if factor == 1 and nbytes != int(nbytes):
+        raise ValueError(
+            f"{text!r} is not a whole number of bytes: give whole bytes, or a unit ('1.5 KiB')"
+        )
+    return round(nbytes)  # a fraction of a unit ('1.1 KiB') is the nearest byte
