@@ -40,10 +40,11 @@ def _read(path: Path) -> str:
         ) from None
     except OSError as exc:
         raise OSError(f"{path} could not be opened ({exc.strerror}).") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file: show a script or a text file.")
     with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(f"{path} is not a regular file: show a script or a text file.")
         if info.st_size > MAX_BYTES:
             raise OSError(
                 f"{path} is {info.st_size:,} bytes, more than the {MAX_BYTES:,} a listing shows: "
