@@ -317,3 +317,52 @@ def test_bad_gauge_sources_are_one_sentence(sources):
     from tutorial_utils.gauges import LiveGauge
 
     one_sentence(LiveGauge, sources=sources)
+
+
+# --------------------------------------------------------------------------- estimate, breakdown
+
+
+def _uncountable(kind: str, dtype):
+    import torch
+    from torch import nn
+
+    if kind == "complex linear":
+        return nn.Linear(16, 16, dtype=dtype), torch.randn(4, 16, dtype=dtype)
+    if kind == "complex input":
+        return nn.Linear(16, 16), torch.randn(4, 16, dtype=dtype)
+    if kind == "complex buffer":
+        model = nn.Linear(16, 16)
+        model.register_buffer("phase", torch.zeros(16, dtype=dtype))
+        return model, torch.randn(4, 16)
+    if kind == "sparse embedding":
+        return nn.Embedding(100, 8, sparse=True), torch.randint(0, 100, (4, 5))
+    if kind == "sparse embedding bag":
+        return nn.EmbeddingBag(100, 8, sparse=True), torch.randint(0, 100, (4, 5))
+    return nn.Linear(16, 16), torch.randn(4, 16).to_sparse()  # a sparse input
+
+
+@FEW
+@given(
+    kind=st.sampled_from(
+        [
+            "complex linear",
+            "complex input",
+            "complex buffer",
+            "sparse embedding",
+            "sparse embedding bag",
+            "sparse input",
+        ]
+    ),
+    dtype=st.sampled_from(["complex64", "complex128"]),
+    how=st.sampled_from(["estimate", "breakdown"]),
+)
+def test_what_the_counts_cannot_measure_is_refused_in_one_sentence(kind, dtype, how):
+    # before: a complex Linear's estimate was 8.2 % under, unflagged; a sparse Embedding raised
+    # NotImplementedError("Cannot access storage of SparseTensorImpl") from inside the step
+    import torch
+
+    from tutorial_utils import anatomy
+
+    model, x = _uncountable(kind, getattr(torch, dtype))
+    text = one_sentence(getattr(anatomy, how), model, x, loss_fn=lambda y: y.abs().sum())
+    assert ("complex" in text) or ("sparse" in text), text
