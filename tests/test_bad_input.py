@@ -366,3 +366,30 @@ def test_what_the_counts_cannot_measure_is_refused_in_one_sentence(kind, dtype, 
     model, x = _uncountable(kind, getattr(torch, dtype))
     text = one_sentence(getattr(anatomy, how), model, x, loss_fn=lambda y: y.abs().sum())
     assert ("complex" in text) or ("sparse" in text), text
+
+
+# --------------------------------------------------------------------------- timing, doctor
+
+
+@PROPERTY
+@given(st.one_of(st.integers(), st.integers(min_value=2**1024), st.floats(), st.none()))
+def test_format_seconds_formats_any_number(seconds):
+    # before: format_seconds(10**400) raised OverflowError
+    from tutorial_utils import timing
+
+    assert isinstance(timing.format_seconds(seconds), str)
+
+
+@PROPERTY
+@given(st.one_of(st.text(max_size=2), st.just([1]), st.just(b"x")))
+def test_format_seconds_refuses_what_is_not_a_number(value):
+    from tutorial_utils import timing
+
+    one_sentence(timing.format_seconds, value)
+
+
+@PROPERTY
+@given(st.one_of(st.none(), st.integers(), st.floats(), st.lists(st.text(), max_size=1)))
+def test_a_requirement_is_text(value):
+    # before: parse_requirement(None) raised AttributeError
+    one_sentence(doctor.parse_requirement, value)

@@ -105,6 +105,8 @@ class DoctorReport:
 
 def parse_requirement(text: str) -> tuple[str, int]:
     """``'gpu'`` -> ``('gpus', 1)``, ``'gpus=2'`` -> ``('gpus', 2)``, ``'widgets'``, ``'nvml'``."""
+    if not isinstance(text, str):
+        raise TypeError(f"a requirement is text: gpu, gpus=N, widgets or nvml; got {text!r}")
     t = text.strip().lower()
     if t == "gpu":
         return "gpus", 1
