@@ -65,9 +65,18 @@ bad_size = st.one_of(not_a_whole_number, st.integers(max_value=0), st.integers(m
 @PROPERTY
 @given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False).filter(lambda x: x != int(x)))
 def test_parse_bytes_refuses_a_fraction_of_a_byte(x):
-    # before: parse_bytes('1.5') == 1, a silent wrong answer
+    # before: parse_bytes('1.5') == 1, a silent wrong answer (truncated)
     one_sentence(units.parse_bytes, repr(x))
-    one_sentence(units.parse_bytes, x)
+    one_sentence(units.parse_bytes, f"{x!r} B")
+    assert units.parse_bytes(x) == round(x)  # a computed size: the nearest byte
+
+
+@PROPERTY
+@given(st.integers(min_value=2**60))
+def test_parse_bytes_refuses_a_size_no_machine_has(n):
+    # before: memory.budget(10**400) raised OverflowError from float()
+    one_sentence(units.parse_bytes, n)
+    one_sentence(units.parse_bytes, -n)
 
 
 @PROPERTY
