@@ -14,6 +14,7 @@ are the ones ``torch.manual_seed(seed)`` followed by the same layers gives (test
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 
 import torch
@@ -44,7 +45,11 @@ def _check(owner: str, **sizes: object) -> None:
     first bad one."""
     for name, value in sizes.items():
         low, high = (0, 2**63 - 1) if name == "seed" else (1, _MAX_SIZE)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        try:  # int, NumPy's ints and 0-d integer tensors; not floats, not text
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or not low <= number <= high:
             raise ValueError(
                 f"{owner}: {name} must be a whole number from {low} to {high:,}; got {value!r}"
             )
