@@ -343,3 +343,44 @@ def test_twenty_two_node_jobs_end_without_an_abort(cluster, job_dir):
         f"{len(aborted)} of 20 jobs aborted ({aborted}), {len(failed)} failed; first:\n"
         + outs[(aborted or failed)[0]]
     )
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def test_stop_ends_its_jobs_and_daemons_and_leaves_the_learners_terminal(tmp_path):
+    """`make cluster-stop` from the terminal that exported SLURM_CONF (as `make cluster` says):
+    the terminal's other programs keep running; the cluster's jobs and daemons are gone; and
+    the daemons listened on loopback only where the host name resolves there."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm tests start munged, slurmctld and slurmd, which needs root")
+    try:
+        slurm.ensure_installed(timeout_s=600)
+    except slurm.Unavailable as exc:
+        pytest.skip(str(exc))
+    up = slurm.start(tmp_path / "c", port=None, tied_to_parent=True)
+    env = up.env()
+    terminal = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    try:
+        listening = subprocess.run(
+            ["ss", "-ltnH", "sport", ">=", str(up.port), "and", "sport", "<=", str(up.port + 2)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        hosts = {line.split()[3].rsplit(":", 1)[0] for line in listening.splitlines()}
+        if up.loopback:
+            assert hosts == {up.loopback}, listening
+        script = tmp_path / "job.sh"
+        script.write_text("#!/bin/bash\nsrun -N1 sleep 300 &\nsetsid sleep 301 &\nwait\n")
+        job = up.run("sbatch", "--parsable", "-N1", "-o", str(tmp_path / "job.out"), str(script))
+        job_id = job.stdout.strip()
+        wait_for(lambda: len(slurm.processes_of(up.conf, job_id)) >= 3, 30, "the job running")
+        stopped = slurm.stop(tmp_path / "c")  # by folder, as `make cluster-stop` does
+        assert not stopped.left, stopped
+        assert terminal.poll() is None, "stop killed a program of the learner's terminal"
+        assert not slurm.job_processes(up.conf) and not slurm.processes_of(up.conf, job_id)
+    finally:
+        terminal.kill()
+        terminal.wait()
+        slurm.stop(up)
