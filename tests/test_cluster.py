@@ -146,6 +146,15 @@ def reference_params(epochs: int, world: int = 2, batch: int = 8) -> torch.Tenso
     return torch.cat([p.detach().flatten() for p in ref.parameters()])
 
 
+def gap_to_reference(params: torch.Tensor, epochs: int) -> tuple[float, float]:
+    """How far trained parameters are from one process's, relative to the largest, and the bound:
+    4 SGD steps an epoch, each summing 8 and 32 products and 16 samples in another order, within
+    2 x 56 fp32 roundings (2**-24) (notebook 03, check 2, derives it)."""
+    ref = reference_params(epochs)
+    gap = ((params - ref).abs().max() / ref.abs().max()).item()
+    return gap, 4 * epochs * 2 * (8 + 32 + 16) * 2**-24
+
+
 def assert_no_process_of(up, job: int) -> None:
     left = wait_for(
         lambda: not slurm.processes_of(up.conf, job) or None, 20, f"job {job}'s processes ending"
@@ -179,8 +188,8 @@ def test_the_course_script_trains_like_one_process_across_two_nodes(cluster, job
     assert {r["node"] for r in runs.values()} == {"n1", "n2"}, "one rank per node"
     assert all(r["world"] == 2 and r["backend"] == "gloo" for r in runs.values())
     assert runs[0]["params"] == runs[1]["params"], "the two copies of the model differ"
-    diff = (torch.tensor(runs[0]["params"]) - reference_params(3)).abs().max().item()
-    assert diff < 1e-5, f"two nodes differ from one process on the global batch by {diff}"
+    diff, tol = gap_to_reference(torch.tensor(runs[0]["params"]), 3)
+    assert diff < tol, f"two nodes differ from one process on the global batch by {diff:.1e}"
     # the checkpoint: written once, by rank 0 alone, with the trained weights
     assert [r["saved_checkpoint"] for r in (runs[0], runs[1])] == [[3], []]
     assert out.count("checkpoint saved") == 1
@@ -261,10 +270,8 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_where_it_stopped(cluster,
             state = torch.load(ckpt)
             assert state["epoch"] == stops[-1]
             saved = torch.cat([t.flatten() for t in state["model"].values()])
-            diff = (saved - reference_params(stops[-1])).abs().max().item()
-            assert diff < 1e-5, (
-                f"checkpoint at epoch {stops[-1]} differs from one process by {diff}"
-            )
+            diff, tol = gap_to_reference(saved, stops[-1])
+            assert diff < tol, f"checkpoint at epoch {stops[-1]} differs from one process by {diff}"
             # requeued: COMPLETING while the old run's processes are cleaned up, then PENDING
             state = job_field(cluster, job, "JobState")
             assert state in {"COMPLETING", "PENDING", "REQUEUED", "RUNNING"}, state
@@ -315,8 +322,8 @@ def test_two_torchrun_agents_side_by_side_train_like_one_process(tmp_path, job_d
     assert codes == [0, 0], f"torchrun exit statuses {codes}:\n{logs}"
     runs = reports(job_dir)
     assert sorted(runs) == [0, 1] and runs[0]["params"] == runs[1]["params"], logs
-    diff = (torch.tensor(runs[0]["params"]) - reference_params(3)).abs().max().item()
-    assert diff < 1e-5, f"two agents differ from one process on the global batch by {diff}"
+    diff, tol = gap_to_reference(torch.tensor(runs[0]["params"]), 3)
+    assert diff < tol, f"two agents differ from one process on the global batch by {diff:.1e}"
     assert sum(len(r["saved_checkpoint"]) for r in runs.values()) == 1
     assert torch.load(job_dir / "ckpt.pt")["epoch"] == 3
     assert "node_rank is only used for static rdzv_backend" in logs  # c10d picks ranks itself
