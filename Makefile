@@ -108,8 +108,9 @@ bench: $(STAMP)
 
 # A real two-node Slurm cluster on this machine (as root; installs slurm-wlm and munge with apt
 # when missing): munged, slurmctld, slurmd for nodes n1 and n2, all in .cluster/. It prints how to
-# submit the course's script to it; make cluster-stop ends every daemon it started.
+# submit the course's script to it; make cluster-stop cancels its jobs and ends its daemons.
 cluster: $(STAMP)
+	@echo "make cluster: as root; installs the system packages slurm-wlm and munge with apt-get when missing"
 	$(BIN)/python tools/cluster.py start $(if $(CLUSTER_PORT),--port $(CLUSTER_PORT),)
 
 cluster-status:

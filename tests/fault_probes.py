@@ -216,6 +216,99 @@ def orphans(sig_name: str = "KILL", wait_s: float = 10.0) -> dict:
             kernel.wait()
 
 
+# Each rank answers SIGTERM by starting, after a delay, a helper that ignores SIGTERM and leaves
+# in a session of its own (with an empty environment when asked: no mark of the launch), then
+# exits, so the helper is an orphan at once. With "kill-subreaper", rank 0 first SIGKILLs the
+# supervisor above torchrun (its grandparent), as a rank that kills its process group's leader.
+_HELPER_JOB = """
+import os, signal, subprocess, sys, time
+helpers, ranks, delay, env_kept, kill_subreaper = sys.argv[1], sys.argv[2], float(sys.argv[3]), \\
+    sys.argv[4] == "1", sys.argv[5] == "1"
+HELPER = (
+    "import os, signal, sys, time\\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "os.setsid()\\n"
+    "with open(sys.argv[1], 'a') as f:\\n"
+    "    f.write(f'{os.getpid()}\\\\n')\\n"
+    "time.sleep(600)\\n"
+)
+def on_term(signum, frame):
+    time.sleep(delay)
+    subprocess.Popen([sys.executable, "-c", HELPER, helpers], env=None if env_kept else {})
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+with open(ranks, "a") as f:
+    f.write(f"{os.getpid()}\\n")
+if kill_subreaper and os.environ["RANK"] == "0":
+    while len(open(ranks).read().split()) < 2:
+        time.sleep(0.05)
+    supervisor = int(open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1])
+    os.kill(supervisor, signal.SIGKILL)
+time.sleep(600)
+"""
+
+
+def orphan_helpers(
+    case: str = "KILL", delay_s: float = 0.5, wait_s: float = 10.0, env_kept: bool = False
+) -> dict:
+    """Ranks that start SIGTERM-ignoring helpers from their SIGTERM handler (``delay_s`` later).
+
+    ``case`` "KILL" / "TERM": the kernel stand-in running launch() gets that signal (a restart);
+    "kill-subreaper": the kernel lives and rank 0 SIGKILLs the supervisor above torchrun. Count
+    the helpers still running ``wait_s`` seconds after the kernel died (or after launch
+    returned), and every other process of the job."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "t").mkdir()
+        job, helpers, ranks = tmp / "job.py", tmp / "helpers", tmp / "ranks"
+        job.write_text(_HELPER_JOB)
+        kill_subreaper = case == "kill-subreaper"
+        args = [str(helpers), str(ranks), str(delay_s), "1" if env_kept else "0"]
+        args.append("1" if kill_subreaper else "0")
+        code = (
+            "from tutorial_utils.distributed import launch, LaunchError\n"
+            "try:\n"
+            f"    launch({str(job)!r}, nproc=2, args={args!r}, timeout=600, echo=None)\n"
+            "except LaunchError:\n"
+            "    pass\n"
+        )
+        kernel = subprocess.Popen([PY, "-c", code], env={**os.environ, "TMPDIR": str(tmp / "t")})
+        tree: set[int] = set()
+
+        def pids(path: Path) -> set[int]:
+            return {int(x) for x in path.read_text().split()} if path.exists() else set()
+
+        try:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and kernel.poll() is None:
+                if len(pids(ranks)) == 2:
+                    break
+                time.sleep(0.1)
+            if kill_subreaper:
+                kernel.wait(timeout=120)  # launch returns once torchrun is gone
+            else:
+                time.sleep(0.5)
+                tree = {p.pid for p in psutil.Process(kernel.pid).children(recursive=True)}
+                os.kill(kernel.pid, {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}[case])
+                kernel.wait()
+            start = time.monotonic()
+            while time.monotonic() - start < wait_s:
+                if len(pids(helpers)) >= 2 and not _alive(pids(helpers) | tree):
+                    break
+                time.sleep(0.2)
+            return {
+                "helpers_started": len(pids(helpers)),
+                "helpers_alive_after_wait": len(_alive(pids(helpers))),
+                "other_job_processes_alive": len(_alive((tree | pids(ranks)) - pids(helpers))),
+                "temp_folders_left": len(list((tmp / "t").glob("launch-*"))),
+            }
+        finally:
+            _kill(_alive(tree | pids(ranks) | pids(helpers)))
+            with contextlib.suppress(OSError):
+                kernel.kill()
+            kernel.wait()
+
+
 def _job(body: str) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="probe-"))
     path = folder / "job.py"
@@ -472,6 +565,7 @@ PROBES = {
     "lab_busy_port": lab_busy_port,
     "lab_bad_port_variable": lab_bad_port_variable,
     "orphans": orphans,
+    "orphan_helpers": orphan_helpers,
     "launch_glued_lines": launch_glued_lines,
     "launch_malformed_report": launch_malformed_report,
     "launch_bad_arguments": launch_bad_arguments,

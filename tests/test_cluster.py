@@ -146,6 +146,15 @@ def reference_params(epochs: int, world: int = 2, batch: int = 8) -> torch.Tenso
     return torch.cat([p.detach().flatten() for p in ref.parameters()])
 
 
+def gap_to_reference(params: torch.Tensor, epochs: int) -> tuple[float, float]:
+    """How far trained parameters are from one process's, relative to the largest, and the bound:
+    4 SGD steps an epoch, each summing 8 and 32 products and 16 samples in another order, within
+    2 x 56 fp32 roundings (2**-24) (notebook 03, check 2, derives it)."""
+    ref = reference_params(epochs)
+    gap = ((params - ref).abs().max() / ref.abs().max()).item()
+    return gap, 4 * epochs * 2 * (8 + 32 + 16) * 2**-24
+
+
 def assert_no_process_of(up, job: int) -> None:
     left = wait_for(
         lambda: not slurm.processes_of(up.conf, job) or None, 20, f"job {job}'s processes ending"
@@ -179,8 +188,8 @@ def test_the_course_script_trains_like_one_process_across_two_nodes(cluster, job
     assert {r["node"] for r in runs.values()} == {"n1", "n2"}, "one rank per node"
     assert all(r["world"] == 2 and r["backend"] == "gloo" for r in runs.values())
     assert runs[0]["params"] == runs[1]["params"], "the two copies of the model differ"
-    diff = (torch.tensor(runs[0]["params"]) - reference_params(3)).abs().max().item()
-    assert diff < 1e-5, f"two nodes differ from one process on the global batch by {diff}"
+    diff, tol = gap_to_reference(torch.tensor(runs[0]["params"]), 3)
+    assert diff < tol, f"two nodes differ from one process on the global batch by {diff:.1e}"
     # the checkpoint: written once, by rank 0 alone, with the trained weights
     assert [r["saved_checkpoint"] for r in (runs[0], runs[1])] == [[3], []]
     assert out.count("checkpoint saved") == 1
@@ -261,10 +270,8 @@ def test_usr1_checkpoints_requeues_and_the_job_resumes_where_it_stopped(cluster,
             state = torch.load(ckpt)
             assert state["epoch"] == stops[-1]
             saved = torch.cat([t.flatten() for t in state["model"].values()])
-            diff = (saved - reference_params(stops[-1])).abs().max().item()
-            assert diff < 1e-5, (
-                f"checkpoint at epoch {stops[-1]} differs from one process by {diff}"
-            )
+            diff, tol = gap_to_reference(saved, stops[-1])
+            assert diff < tol, f"checkpoint at epoch {stops[-1]} differs from one process by {diff}"
             # requeued: COMPLETING while the old run's processes are cleaned up, then PENDING
             state = job_field(cluster, job, "JobState")
             assert state in {"COMPLETING", "PENDING", "REQUEUED", "RUNNING"}, state
@@ -315,8 +322,8 @@ def test_two_torchrun_agents_side_by_side_train_like_one_process(tmp_path, job_d
     assert codes == [0, 0], f"torchrun exit statuses {codes}:\n{logs}"
     runs = reports(job_dir)
     assert sorted(runs) == [0, 1] and runs[0]["params"] == runs[1]["params"], logs
-    diff = (torch.tensor(runs[0]["params"]) - reference_params(3)).abs().max().item()
-    assert diff < 1e-5, f"two agents differ from one process on the global batch by {diff}"
+    diff, tol = gap_to_reference(torch.tensor(runs[0]["params"]), 3)
+    assert diff < tol, f"two agents differ from one process on the global batch by {diff:.1e}"
     assert sum(len(r["saved_checkpoint"]) for r in runs.values()) == 1
     assert torch.load(job_dir / "ckpt.pt")["epoch"] == 3
     assert "node_rank is only used for static rdzv_backend" in logs  # c10d picks ranks itself
@@ -343,3 +350,44 @@ def test_twenty_two_node_jobs_end_without_an_abort(cluster, job_dir):
         f"{len(aborted)} of 20 jobs aborted ({aborted}), {len(failed)} failed; first:\n"
         + outs[(aborted or failed)[0]]
     )
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def test_stop_ends_its_jobs_and_daemons_and_leaves_the_learners_terminal(tmp_path):
+    """`make cluster-stop` from the terminal that exported SLURM_CONF (as `make cluster` says):
+    the terminal's other programs keep running; the cluster's jobs and daemons are gone; and
+    the daemons listened on loopback only where the host name resolves there."""
+    if os.geteuid() != 0:
+        pytest.skip("the Slurm tests start munged, slurmctld and slurmd, which needs root")
+    try:
+        slurm.ensure_installed(timeout_s=600)
+    except slurm.Unavailable as exc:
+        pytest.skip(str(exc))
+    up = slurm.start(tmp_path / "c", port=None, tied_to_parent=True)
+    env = up.env()
+    terminal = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    try:
+        listening = subprocess.run(
+            ["ss", "-ltnH", "sport", ">=", str(up.port), "and", "sport", "<=", str(up.port + 2)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        hosts = {line.split()[3].rsplit(":", 1)[0] for line in listening.splitlines()}
+        if up.loopback:
+            assert hosts == {up.loopback}, listening
+        script = tmp_path / "job.sh"
+        script.write_text("#!/bin/bash\nsrun -N1 sleep 300 &\nsetsid sleep 301 &\nwait\n")
+        job = up.run("sbatch", "--parsable", "-N1", "-o", str(tmp_path / "job.out"), str(script))
+        job_id = job.stdout.strip()
+        wait_for(lambda: len(slurm.processes_of(up.conf, job_id)) >= 3, 30, "the job running")
+        stopped = slurm.stop(tmp_path / "c")  # by folder, as `make cluster-stop` does
+        assert not stopped.left, stopped
+        assert terminal.poll() is None, "stop killed a program of the learner's terminal"
+        assert not slurm.job_processes(up.conf) and not slurm.processes_of(up.conf, job_id)
+    finally:
+        terminal.kill()
+        terminal.wait()
+        slurm.stop(up)

@@ -101,3 +101,202 @@ def test_an_apt_that_fails_says_so_in_one_sentence(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "missing_programs", lambda: ["slurmctld"])
     with pytest.raises(slurm.Unavailable, match="Unable to locate package slurm-wlm"):
         slurm.ensure_installed(timeout_s=10)
+
+
+# --------------------------------------------------------------------------- what stop touches
+
+
+def _sleeper(env: dict[str, str], exe: str = "sleep", *args: str):
+    import subprocess
+
+    return subprocess.Popen([exe, *args] if args else [exe, "60"], env=env, start_new_session=True)
+
+
+def test_stop_leaves_the_learners_terminal_alone(tmp_path):
+    """`make cluster` tells the learner to export SLURM_CONF; whatever they run in that terminal
+    (an editor, the lab, make itself) carries it, and is not the cluster's."""
+    import os
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# a cluster that is not running\n")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    terminal = _sleeper(env)
+    try:
+        stopped = slurm.stop(tmp_path)
+        assert stopped.others == [] and terminal.poll() is None, (
+            "stop killed the terminal's program"
+        )
+    finally:
+        terminal.kill()
+        terminal.wait()
+
+
+def test_stop_ends_what_is_left_of_a_job_and_only_that(tmp_path):
+    """A stand-in slurmstepd of this cluster (named so, carrying its SLURM_CONF) with a child that
+    ignores SIGTERM: both go. Another cluster's slurmstepd and the terminal stay."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# a cluster whose daemons died\n")
+    stepd = tmp_path / "slurmstepd"
+    shutil.copy(sys.executable, stepd)
+    code = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    import subprocess
+
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    ours = subprocess.Popen(
+        [str(stepd), "-c", code], env=env, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    other = subprocess.Popen(
+        [str(stepd), "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "SLURM_CONF": str(tmp_path / "other.conf")},
+        start_new_session=True,
+    )
+    terminal = _sleeper(env)
+    try:
+        child = int(ours.stdout.readline())
+        stopped = slurm.stop(tmp_path)
+        assert set(stopped.others) >= {ours.pid, child}
+        ours.wait(timeout=10)
+        assert slurm._wait_gone([child], 5) == [], "the job's helper outlived stop"
+        time.sleep(0.2)
+        assert other.poll() is None and terminal.poll() is None
+    finally:
+        for proc in (ours, other, terminal):
+            proc.kill()
+            proc.wait()
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_stale_pids_file_signals_nobody_and_does_not_block_start(tmp_path, monkeypatch):
+    """After a crash or a reboot the recorded PIDs may belong to other programs now."""
+    import os
+    import socket
+
+    stranger = _sleeper(dict(os.environ))
+    try:
+        ticks = slurm._start_ticks(stranger.pid)
+        (tmp_path / slurm.PIDS_FILE).write_text(
+            f"slurmctld {stranger.pid}\n"  # the old format: a bare pid
+            f"slurmd-n1 {stranger.pid} {ticks} {slurm._boot_id()}\n"  # the name does not match
+            f"munged {stranger.pid} {ticks} another-boot\n"  # before a reboot
+            f"slurmd-n2 {stranger.pid} {ticks + 1} {slurm._boot_id()}\n"  # another start time
+        )
+        assert slurm._recorded_pids(tmp_path) == {}
+        stopped = slurm.stop(tmp_path)
+        assert stopped.daemons == {} and stranger.poll() is None, "stop signalled a stranger"
+        assert "no cluster running" in slurm.status(tmp_path)
+        # start goes past the stale file (and stops at the busy port, before starting anything)
+        monkeypatch.setattr(slurm, "missing_programs", lambda: [])
+        monkeypatch.setattr(slurm.os, "geteuid", lambda: 0)
+        with socket.create_server(("127.0.0.1", 0)) as busy:
+            port = busy.getsockname()[1]
+            with pytest.raises(slurm.ClusterError, match="is already in use"):
+                slurm.start(tmp_path, port=port)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_recorded_daemon_is_recognised_by_name_and_start_time(tmp_path):
+    import os
+    import shutil
+
+    exe = tmp_path / "slurmctld"
+    shutil.copy(shutil.which("sleep"), exe)
+    daemon = _sleeper(dict(os.environ), str(exe), "60")
+    try:
+        ticks = slurm._start_ticks(daemon.pid)
+        (tmp_path / slurm.PIDS_FILE).write_text(
+            f"slurmctld {daemon.pid} {ticks} {slurm._boot_id()}\n"
+        )
+        assert slurm._recorded_pids(tmp_path) == {"slurmctld": daemon.pid}
+        stopped = slurm.stop(tmp_path)
+        assert stopped.daemons == {"slurmctld": daemon.pid} and not stopped.left
+        assert daemon.wait(timeout=5) is not None
+        assert not (tmp_path / slurm.PIDS_FILE).exists()
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+# --------------------------------------------------------------------------- files and modes
+
+
+def test_the_munge_key_is_created_with_its_final_modes(tmp_path, monkeypatch):
+    """Created 0600 in a 0700 folder whatever the umask: never chmod'ed afterwards (between the
+    write and a chmod, any local user could read it and mint root's credentials)."""
+    import os
+    import stat
+
+    chmods = []
+    real_chmod = os.chmod
+    monkeypatch.setattr(
+        slurm.os, "chmod", lambda p, m, *a, **k: (chmods.append(str(p)), real_chmod(p, m, *a, **k))
+    )
+    monkeypatch.setattr(slurm.Path, "chmod", lambda self, m: chmods.append(str(self)))
+    old = os.umask(0)
+    try:
+        slurm.prepare(tmp_path / "c", 17000)
+    finally:
+        os.umask(old)
+    keys = tmp_path / "c" / "munge-key"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert stat.S_IMODE((keys / "munge.key").stat().st_mode) == 0o600
+    assert (keys / "munge.key").stat().st_size == 1024
+    assert not [p for p in chmods if "munge-key" in p], chmods
+
+
+def test_a_key_once_readable_by_others_is_replaced(tmp_path):
+    import os
+    import stat
+
+    keys = tmp_path / "munge-key"
+    keys.mkdir(mode=0o755)
+    (keys / "munge.key").write_bytes(b"x" * 1024)
+    os.chmod(keys / "munge.key", 0o644)
+    slurm._make_key(tmp_path)
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert stat.S_IMODE((keys / "munge.key").stat().st_mode) == 0o600
+    assert (keys / "munge.key").read_bytes() != b"x" * 1024
+
+
+def test_start_keeps_the_mode_of_the_folder_it_is_given(tmp_path):
+    import os
+    import stat
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # like /tmp
+    slurm.prepare(shared, 17000)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+@pytest.mark.parametrize(
+    ("resolved", "listens"),
+    [("127.0.0.1", "127.0.0.1"), ("127.0.1.1", "127.0.1.1"), ("192.0.2.7", None)],
+)
+def test_the_daemons_listen_on_loopback_when_the_host_name_resolves_there(
+    tmp_path, monkeypatch, resolved, listens
+):
+    monkeypatch.setattr(slurm.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", (resolved, 0))])
+    cluster = slurm.prepare(tmp_path, 17000)
+    conf = cluster.conf.read_text()
+    assert cluster.loopback == listens
+    if listens:
+        assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in conf
+        assert f"NodeAddr={listens} " in conf and f"({listens})" in conf
+    else:  # Slurm would bind the network address: it keeps every interface, reached on 127.0.0.1
+        assert "CommunicationParameters" not in conf and "NodeAddr=127.0.0.1 " in conf

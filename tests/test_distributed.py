@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -593,3 +594,44 @@ def test_a_course_script_exits_cleanly_every_time_under_load(tmp_path, name):
         burner.kill()
         burner.wait()
     assert not bad, f"{len(bad)} of {EXIT_RUNS} launches of {name} did not exit cleanly: {bad}"
+
+
+# ------------------------------------------------------------------ what listens
+
+LISTENERS = """
+import os, subprocess, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+pids = [None] * dist.get_world_size()
+dist.all_gather_object(pids, os.getpid())
+if dist.get_rank() == 0:
+    mine = {os.getppid(), *pids}  # torchrun and the ranks
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10).stdout
+    found = []
+    for line in out.splitlines():
+        for pid in mine:
+            if f"pid={pid}," in line:
+                found.append([line.split()[3], "torchrun" if pid == os.getppid() else "rank"])
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(found))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to list sockets")
+def test_what_listens_during_a_launch_is_what_the_docs_say(tmp_path):
+    """torchrun's two TCPStores listen on every interface (torch offers no option torchrun
+    passes on: docs/troubleshooting.md section 13 and launch's docstring say so); the ranks'
+    gloo sockets on loopback. Fails the day torch binds its stores to the endpoint's address."""
+    import ast
+
+    out = tmp_path / "listening"
+    result = launch(_script(tmp_path, LISTENERS), nproc=2, args=[out], timeout=120, echo=None)
+    found = ast.literal_eval(out.read_text())
+    stores = sorted(addr for addr, who in found if who == "torchrun")
+    assert f"*:{result.port}" in stores, found  # the rendezvous store, on every interface
+    assert len(stores) == 2 and all(a.startswith("*:") for a in stores), found
+    ranks = [addr for addr, who in found if who == "rank"]
+    assert ranks and all(a.startswith("127.") for a in ranks), found

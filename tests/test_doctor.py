@@ -162,11 +162,13 @@ def test_nvidia_smi_and_gputil_rows_from_a_working_nvidia_smi(tmp_path, monkeypa
     assert r["GPUtil"].status == "ok" and "sees 1 GPU(s)" in r["GPUtil"].detail
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon"])
+@pytest.mark.parametrize("bad", ["0", "-1", "nan", "inf", "soon", "1e308", "601"])
 def test_bad_timeout_is_one_sentence(bad, capsys):
     assert main(["--timeout", bad]) == 2
     err = capsys.readouterr().err
-    assert err == f"doctor: --timeout must be a positive number of seconds, got {bad!r}\n"
+    assert err == (
+        f"doctor: --timeout must be a positive number of seconds, at most 600; got {bad!r}\n"
+    )
 
 
 def test_doctor_function_checks_its_timeout():

@@ -66,6 +66,29 @@ FAULTS = (
         "test_no_orphans_after_the_kernel_is_killed",
     ),
     Fault(
+        "ranks start SIGTERM-ignoring helpers from their SIGTERM handler; kernel killed",
+        "orphan_helpers KILL 0.5",
+        "2 helpers still running 10 s later, 3 runs of 3 (the watchdog SIGKILLed the subreaper "
+        "after 1 s, inside its 2 s grace, from a snapshot taken before the helpers existed)",
+        "none: the watchdog kills what it finds below the subreaper, looking again until nothing "
+        "is left, and the subreaper last",
+        "test_no_orphan_helpers",
+    ),
+    Fault(
+        "the same, kernel terminated (SIGTERM)",
+        "orphan_helpers TERM 0.5",
+        "2 helpers still running 10 s later",
+        "none",
+        "test_no_orphan_helpers",
+    ),
+    Fault(
+        "a rank SIGKILLs the subreaper; the ranks' SIGTERM handlers start helpers (no mark left)",
+        "orphan_helpers kill-subreaper 0.5",
+        "2 helpers still running 10 s after launch returned",
+        "none: torchrun is a subreaper too, and launch sweeps from it once the supervisor dies",
+        "test_no_orphan_helpers",
+    ),
+    Fault(
         "rank output without a final newline",
         "launch_glued_lines",
         "rank 1's line ended up as 'rank 1 progress 50%[rank0] rank 0 line 0'; rank 0 lost it",
@@ -204,6 +227,16 @@ def test_no_orphans_after_the_kernel_is_killed(signal_name):
     # "After a few seconds": 10 s, a margin for a loaded machine (typically 1-3 s: the
     # watchdog's 1 s grace after SIGTERM, then SIGKILL).
     assert seen["alive_after_wait"] == 0 and seen["temp_folders_left"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.guard
+@pytest.mark.parametrize("case", ["KILL", "TERM", "kill-subreaper"])
+def test_no_orphan_helpers(case):
+    seen = probe.orphan_helpers(case, delay_s=0.5, wait_s=10.0)
+    assert seen["helpers_started"] == 2, seen  # the attack happened
+    assert seen["helpers_alive_after_wait"] == 0 and seen["other_job_processes_alive"] == 0, seen
+    assert seen["temp_folders_left"] == 0
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
     python tools/cluster.py start      # munged, slurmctld, slurmd -N n1, slurmd -N n2
     python tools/cluster.py status     # sinfo, squeue
-    python tools/cluster.py stop       # every daemon it started, by PID, and any job left
+    python tools/cluster.py stop       # its jobs (scancel), then its daemons by PID
 
 ``make cluster`` and ``make cluster-stop`` run the first and the last. The tests use the same
 code (``tests/test_cluster.py``), so what a learner starts by hand is what the suite runs.
@@ -10,15 +10,30 @@ code (``tests/test_cluster.py``), so what a learner starts by hand is what the s
 How it is built (Debian's ``slurm-wlm`` 22.05 and ``munge``; ``install`` fetches them with apt,
 as root). Everything lives in one folder (``.cluster/`` for ``make cluster``, a temporary one in
 the tests): a MUNGE key and socket of its own, a ``slurm.conf`` declaring two nodes ``n1`` and
-``n2`` that are both this machine (``NodeHostname=<this host> NodeAddr=127.0.0.1``, each slurmd
+``n2`` that are both this machine (``NodeHostname=<this host> NodeAddr=<loopback>``, each slurmd
 on its own port), the controller's state, each node's spool, and every log. Nothing is written
-to ``/etc`` and nothing listens beyond 127.0.0.1's ports. ``ProctrackType=proctrack/linuxproc``
-and ``TaskPlugin=task/none``: no cgroups, which a container or a laptop may not give us.
+to ``/etc``. ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none``: no cgroups,
+which a container or a laptop may not give us.
+
+What listens: slurmctld on the port given (17000 by default) and each slurmd on the next two.
+Slurm 22.05 binds them to every interface unless ``CommunicationParameters=NoCtldInAddrAny,
+NoInAddrAny`` is set, and then it binds to the address *this host's name resolves to* (not to
+``NodeAddr``). So when the host name resolves to a loopback address (``/etc/hosts`` on most
+machines: 127.0.0.1, or Debian's 127.0.1.1), the cluster uses that address everywhere and the
+three daemons listen on it only (measured with ``ss -ltnp``: ``127.0.0.1:17000-17002``). When
+it resolves to a network address, binding there would expose the daemons and break the nodes'
+``NodeAddr``, so the daemons keep Slurm's default, every interface (``0.0.0.0:17000-17002``),
+and ``start`` says so. ``srun`` also listens, on ephemeral ports, for the time of a step; munged
+listens on its Unix socket only. MUNGE authenticates every message, and the key is created
+0600 in a 0700 folder (never readable by anyone else, not even for a moment).
 
 Only the standard library: this runs with any ``python3``, before or without the course's venv.
-Every external call has a timeout. Nothing started here is left behind by ``stop``: it ends
-each daemon by the PID it recorded, then any process (a job step, a rank) still carrying this
-cluster's ``SLURM_CONF`` in its environment.
+Every external call has a timeout. ``stop`` ends only what the cluster started: its jobs through
+Slurm (``scancel``), then what is left of them (the descendants of this cluster's
+``slurmstepd`` and the sessions they run in), then each daemon by the PID it recorded, checked
+against the process's name and start time, so a stale ``pids`` file (after a crash or a reboot)
+never signals a process that merely reuses a PID. A learner's terminal that exported
+``SLURM_CONF``, and the programs started from it, are not the cluster's and are left alone.
 """
 
 from __future__ import annotations
@@ -54,7 +69,7 @@ PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue"
 PACKAGES = ("slurm-wlm", "munge")
 DEFAULT_FOLDER = Path(__file__).resolve().parent.parent / ".cluster"
 DEFAULT_PORT = 17000  # slurmctld; the nodes' slurmd listen on the next two ports
-PIDS_FILE = "pids"  # name pid, one a line: what stop() ends
+PIDS_FILE = "pids"  # "name pid start-time boot-id", one a line: what stop() ends
 CALL_TIMEOUT_S = 30.0
 
 
@@ -75,6 +90,7 @@ class Cluster:
     pids: dict[str, int] = field(default_factory=dict)  # daemon name -> pid
     start_seconds: float = 0.0
     hostname: str = ""
+    loopback: str | None = None  # the address the daemons listen on; None: every interface
 
     @property
     def conf(self) -> Path:
@@ -134,6 +150,12 @@ def ensure_installed(timeout_s: float = 600.0) -> None:
             "Slurm is not installed and this machine has no apt-get: install Slurm and MUNGE "
             "with your system's package manager"
         )
+    print(
+        f"installing the system packages {' and '.join(PACKAGES)} with apt-get "
+        f"(missing: {', '.join(missing_programs())}); at most {timeout_s:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     deadline = time.monotonic() + timeout_s
     for cmd in (
@@ -204,18 +226,37 @@ def free_base_port(first: int = 17000, last: int = 60000) -> int:
     raise ClusterError(f"no three free ports between {first} and {last}: free some")
 
 
-def slurm_conf(folder: Path, port: int, hostname: str) -> str:
-    """The slurm.conf of the two-node cluster (every path inside ``folder``)."""
+def loopback_address(hostname: str) -> str | None:
+    """The loopback address ``hostname`` resolves to (IPv4), or ``None`` when it resolves to a
+    network address (or not at all). Slurm binds there with ``NoInAddrAny``: see the top."""
+    try:
+        infos = socket.getaddrinfo(hostname, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    addresses = [info[4][0] for info in infos]
+    if addresses and all(a.startswith("127.") for a in addresses):
+        return addresses[0]
+    return None
+
+
+def slurm_conf(folder: Path, port: int, hostname: str, loopback: str | None = None) -> str:
+    """The slurm.conf of the two-node cluster (every path inside ``folder``).
+
+    ``loopback``: the loopback address this host's name resolves to (``loopback_address``); the
+    daemons then listen on it only. ``None``: Slurm's default, every interface, and the nodes
+    are reached at 127.0.0.1."""
     cpus = os.cpu_count() or 1
+    addr = loopback or "127.0.0.1"
+    bind = "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny\n" if loopback else ""
     nodes = "\n".join(
-        f"NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 Port={port + 1 + k} "
+        f"NodeName={name} NodeHostname={hostname} NodeAddr={addr} Port={port + 1 + k} "
         f"CPUs={cpus} State=UNKNOWN"
         for k, name in enumerate(NODES)
     )
     return f"""\
 # Written by tools/cluster.py: two nodes, n1 and n2, that are both this machine.
 ClusterName=course
-SlurmctldHost={hostname}(127.0.0.1)
+{bind}SlurmctldHost={hostname}({addr})
 SlurmctldPort={port}
 SlurmUser=root
 SlurmdUser=root
@@ -278,18 +319,48 @@ def _spawn(name: str, cmd: list[str], cluster: Cluster, tied: bool) -> int:
     )
     log.close()
     cluster.pids[name] = proc.pid
+    # The start time (clock ticks since boot) and the boot's id make the record unique: a PID
+    # reused after the daemon died, or after a reboot, does not match it.
+    started = _start_ticks(proc.pid)
     with (cluster.folder / PIDS_FILE).open("a") as f:
-        f.write(f"{name} {proc.pid}\n")
+        f.write(f"{name} {proc.pid} {started} {_boot_id()}\n")
     return proc.pid
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state is [0], ppid [1], session [3],
+    start time [19]), or None when there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
-    return state != "Z"
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _reap(pid: int) -> None:
@@ -309,9 +380,18 @@ def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     return left
 
 
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
 def processes_of(conf: Path, job_id: int | str | None = None) -> list[int]:
-    """Every process whose environment names this cluster's slurm.conf: its daemons, job steps
-    and ranks (with ``job_id``: only the processes of that job, on any node)."""
+    """Every process whose environment names this cluster's slurm.conf (with ``job_id``: only
+    those of that job). A diagnostic for the tests, never a list of what to kill: a learner's
+    terminal that exported ``SLURM_CONF`` and everything started from it match too."""
     needles = [f"SLURM_CONF={conf}".encode()]
     if job_id is not None:
         needles.append(f"SLURM_JOB_ID={job_id}".encode())
@@ -319,27 +399,36 @@ def processes_of(conf: Path, job_id: int | str | None = None) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
+        env = _environ(int(entry))
         if all(n in env for n in needles) and _alive(int(entry)):
             found.append(int(entry))
     return sorted(found)
 
 
-def _job_processes(conf: Path) -> list[int]:
-    """The processes of any job of this cluster (they carry SLURM_JOB_ID; the daemons do not)."""
-    out = []
-    for pid in processes_of(conf):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if b"\0SLURM_JOB_ID=" in b"\0" + f.read():
-                    out.append(pid)
-        except OSError:
-            continue
-    return out
+def job_processes(conf: Path) -> list[int]:
+    """What is left of this cluster's jobs: each ``slurmstepd`` it started (found by its name and
+    by the ``SLURM_CONF`` its slurmd gave it), every descendant of one, and every process in a
+    session one of them runs in (a helper that left its parent but kept the job's session).
+
+    Never a process merely carrying ``SLURM_CONF``: the learner's terminal exports it too."""
+    table: dict[int, tuple[int, int]] = {}  # pid -> (parent, session)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(int(entry))
+            if fields and fields[0] != "Z":
+                table[int(entry)] = (int(fields[1]), int(fields[3]))
+    needle = f"SLURM_CONF={conf}".encode()
+    found = {pid for pid in table if _comm(pid) == "slurmstepd" and needle in _environ(pid)}
+    frontier = list(found)
+    while frontier:  # descendants
+        parent = frontier.pop()
+        kids = [pid for pid, (ppid, _) in table.items() if ppid == parent and pid not in found]
+        found.update(kids)
+        frontier += kids
+    sessions = {table[pid][1] for pid in found} - {0, os.getsid(0)}
+    found |= {pid for pid, (_, sid) in table.items() if sid in sessions}
+    found.discard(os.getpid())
+    return sorted(found)
 
 
 # --------------------------------------------------------------------------- start / stop
@@ -370,6 +459,62 @@ def _wait_idle(cluster: Cluster, timeout_s: float) -> str:
     )
 
 
+def _make_key(folder: Path) -> Path:
+    """The MUNGE key, created 0600 in a folder created 0700: with it anyone can mint root's
+    credentials (SlurmUser=root), so it is never readable by others, not even for a moment.
+    A key or folder found with looser modes (an older version) is replaced, not chmod'ed."""
+    keys = folder / "munge-key"
+    old_umask = os.umask(0o077)
+    try:
+        try:
+            os.mkdir(keys, 0o700)
+        except FileExistsError:
+            if keys.is_symlink() or not keys.is_dir() or keys.stat().st_mode & 0o077:
+                shutil.rmtree(keys) if keys.is_dir() and not keys.is_symlink() else keys.unlink()
+                os.mkdir(keys, 0o700)
+        key = keys / "munge.key"
+        with contextlib.suppress(FileNotFoundError):
+            if key.is_symlink() or key.stat().st_mode & 0o077:
+                key.unlink()
+        try:
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return key  # a key of the right mode from an earlier start: keep it
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(1024))
+    finally:
+        os.umask(old_umask)
+    return key
+
+
+def prepare(folder: Path, port: int) -> Cluster:
+    """Write the cluster's folder: the MUNGE key, slurm.conf and the daemons' folders.
+
+    ``folder`` is created (0755) when missing; an existing one keeps its own mode (a /tmp-like
+    folder keeps its sticky bit). Nothing is started."""
+    folder = Path(folder)
+    if not folder.exists():
+        old_umask = os.umask(0o022)
+        try:
+            folder.mkdir(parents=True, mode=0o755)
+        finally:
+            os.umask(old_umask)
+    _make_key(folder)
+    for sub in ("munge", "state", "run", "log", *(f"spool/{n}" for n in NODES)):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    # The socket's folder is not secret, so that a learner who is not root can submit jobs to
+    # a cluster started with sudo: 0755 whatever the umask (it is ours: we made it).
+    os.chmod(folder / "munge", 0o755)
+    (folder / PIDS_FILE).unlink(missing_ok=True)
+    hostname = socket.gethostname().split(".")[0]
+    full = loopback_address(socket.gethostname())
+    loopback = full if full is not None and full == loopback_address(hostname) else None
+    cluster = Cluster(folder=folder, port=port, hostname=hostname, loopback=loopback)
+    cluster.conf.write_text(slurm_conf(folder, port, hostname, loopback))
+    (folder / "plugstack.conf").write_text("")  # no SPANK plugins from /etc/slurm
+    return cluster
+
+
 def start(
     folder: str | os.PathLike | None = None,
     port: int | None = None,
@@ -394,10 +539,13 @@ def start(
     began = time.monotonic()
     if folder is None:
         folder = tempfile.mkdtemp(prefix="course-cluster-")
+        os.chmod(folder, 0o755)  # ours, just made: a learner who is not root reaches the socket
     folder = Path(folder).resolve()
-    if (folder / PIDS_FILE).exists() and any(_alive(p) for p in _recorded_pids(folder).values()):
+    running = _recorded_pids(folder)  # only the daemons still alive as recorded
+    if running:
         raise ClusterError(
-            f"a cluster is already running from {folder}: `python tools/cluster.py stop` first"
+            f"a cluster is already running from {folder} ({', '.join(sorted(running))}): "
+            "`python tools/cluster.py stop` first"
         )
     if port is None:
         port = free_base_port()
@@ -407,22 +555,8 @@ def start(
             f"port {busy[0]} is already in use: pass another --port (it needs {port} to "
             f"{port + len(NODES)} free)"
         )
-    for sub in ("munge", "munge-key", "state", "run", "log", *(f"spool/{n}" for n in NODES)):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
-    (folder / PIDS_FILE).unlink(missing_ok=True)
-    hostname = socket.gethostname().split(".")[0]
-    cluster = Cluster(folder=folder, port=port, hostname=hostname)
-    cluster.conf.write_text(slurm_conf(folder, port, hostname))
-    (folder / "plugstack.conf").write_text("")  # no SPANK plugins from /etc/slurm
-    # The key is secret (root only); the socket's folder is not, so that a learner who is not
-    # root can submit jobs to a cluster started with sudo.
+    cluster = prepare(folder, port)
     key = folder / "munge-key" / "munge.key"
-    if not key.exists():
-        key.write_bytes(os.urandom(1024))
-    key.chmod(0o600)
-    os.chmod(folder / "munge-key", 0o700)
-    for path in (folder, folder / "munge"):
-        os.chmod(path, 0o755)
     try:
         _spawn(
             "munged",
@@ -471,20 +605,30 @@ def _wait_for(cond, timeout_s: float, what: str, cluster: Cluster) -> None:
 
 
 def _recorded_pids(folder: Path) -> dict[str, int]:
+    """The daemons recorded in ``folder``'s pids file that are still those very processes: same
+    PID, same program name, same start time, same boot. A stale line (the daemon died, the
+    machine rebooted, the PID now belongs to another program) is left out."""
     path = folder / PIDS_FILE
-    if not path.exists():
+    if not path.is_file():
         return {}
+    boot = _boot_id()
     pids = {}
-    for line in path.read_text().splitlines():
-        name, _, pid = line.partition(" ")
-        if pid.strip().isdigit():
-            pids[name] = int(pid)
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) != 4 or not parts[1].isdigit() or not parts[2].isdigit():
+            continue  # an older format, or garbage: not proof of anything
+        name, pid, started, boot_id = parts[0], int(parts[1]), int(parts[2]), parts[3]
+        program = name.split("-")[0]  # slurmd-n1 -> slurmd
+        if program not in ("munged", "slurmctld", "slurmd") or boot_id != boot:
+            continue
+        if _alive(pid) and _start_ticks(pid) == started and _comm(pid) == program:
+            pids[name] = pid
     return pids
 
 
 @dataclass
 class Stopped:
-    """What ``stop`` ended: the daemons (by the PIDs it recorded) and any other process found."""
+    """What ``stop`` ended: the daemons (by the PIDs it recorded) and the jobs' processes."""
 
     daemons: dict[str, int]
     others: list[int]
@@ -493,24 +637,50 @@ class Stopped:
     def __repr__(self) -> str:
         text = f"stopped {', '.join(sorted(self.daemons)) or 'no daemon'}"
         if self.others:
-            text += f" and {len(self.others)} job process(es) left by the cluster"
+            text += f" and {len(self.others)} process(es) of its jobs"
         if self.left:
             text += f"; STILL RUNNING: {self.left}"
         return text
 
 
+def _job_ids(cluster: Cluster) -> list[str]:
+    with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+        done = cluster.run("squeue", "-h", "-o", "%A", timeout_s=10)
+        return [j for j in done.stdout.split() if j.isdigit()]
+    return []
+
+
 def stop(cluster: Cluster | str | os.PathLike | None = None, timeout_s: float = 20.0) -> Stopped:
-    """Cancel every job, then end each daemon by its recorded PID (TERM, then KILL), then any
-    process still carrying this cluster's SLURM_CONF. Safe to call twice."""
+    """Cancel the cluster's jobs with ``scancel``, end what is left of them (``job_processes``),
+    then end each daemon by its recorded PID (TERM, then KILL). Safe to call twice.
+
+    Only what the cluster started is signalled: a daemon only while its PID still names the
+    process recorded at start (name and start time), a job's process only as a descendant of
+    this cluster's ``slurmstepd`` or a member of its session."""
     if not isinstance(cluster, Cluster):
         folder = Path(cluster or DEFAULT_FOLDER).resolve()
         cluster = Cluster(folder=folder, port=0, pids=_recorded_pids(folder))
-    daemons = {n: p for n, p in cluster.pids.items() if _alive(p)}
+        daemons = dict(cluster.pids)
+    else:
+        recorded = _recorded_pids(cluster.folder)
+        daemons = {n: p for n, p in cluster.pids.items() if recorded.get(n) == p}
+    others: list[int] = []
     if "slurmctld" in daemons and cluster.conf.exists():
-        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            cluster.run("scancel", "--user=root", timeout_s=10)
+        jobs = _job_ids(cluster)
+        if jobs:
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                cluster.run("scancel", *jobs, timeout_s=10)
             # running jobs end within KillWait (10 s); wait for their processes, not longer
-            _wait_gone(_job_processes(cluster.conf), 12)
+            _wait_gone(job_processes(cluster.conf), 12)
+    for _ in range(3):  # what scancel did not end (a helper that ignores SIGTERM, say)
+        found = [p for p in job_processes(cluster.conf) if p not in others]
+        if not found:
+            break
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        others += found
+        _wait_gone(found, 5)
     order = [n for n in ("slurmd-n1", "slurmd-n2", "slurmctld", "munged") if n in daemons]
     order += [n for n in daemons if n not in order]
     for name in order:  # the nodes first, the controller next, munged last
@@ -518,12 +688,9 @@ def stop(cluster: Cluster | str | os.PathLike | None = None, timeout_s: float = 
             os.kill(daemons[name], signal.SIGTERM)
     left = _wait_gone(list(daemons.values()), timeout_s / 2)
     for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    others = [p for p in processes_of(cluster.conf) if p not in daemons.values()]
-    for pid in others:  # a job step or rank the daemons did not take down with them
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        if _alive(pid) and _comm(pid) in ("munged", "slurmctld", "slurmd"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     left = _wait_gone(left + others, timeout_s / 2)
     if not left:
         (cluster.folder / PIDS_FILE).unlink(missing_ok=True)
@@ -568,14 +735,23 @@ def main(argv: list[str] | None = None) -> int:
             cluster = start(args.folder, port=args.port)
             print(f"two-node Slurm cluster up in {cluster.start_seconds:.1f} s: nodes n1, n2 idle")
             print(cluster.run("sinfo").stdout.rstrip())
-            scripts = Path(__file__).resolve().parent.parent / "notebooks" / "scripts"
+            ports = f"{cluster.port}-{cluster.port + len(NODES)}"
+            if cluster.loopback:
+                print(f"Its daemons listen on {cluster.loopback}:{ports} only.")
+            else:
+                print(
+                    f"This host's name does not resolve to a loopback address, so its daemons "
+                    f"listen on every interface (0.0.0.0:{ports}; MUNGE authenticates each "
+                    "message): firewall those ports, or map the name to 127.0.1.1 in /etc/hosts"
+                )
+            repo = Path(__file__).resolve().parent.parent
             print("\nSubmit the course's script to it (same terminal):")
             print(f"  export SLURM_CONF={cluster.conf}")
             print(f'  export PATH="{Path(sys.executable).parent}:$PATH"   # its torchrun')
-            print(f"  cd {scripts}")
+            print(f"  cd {repo / 'notebooks' / 'scripts'}")
             print("  sbatch --wait --gpus-per-node=0 --cpus-per-task=1 slurm_ddp.sbatch")
             print("  cat ddp-train-*.out")
-            print("Stop it with: make cluster-stop")
+            print(f"Stop it with: make -C {repo} cluster-stop")
         elif args.action == "stop":
             print(stop(args.folder))
         else:

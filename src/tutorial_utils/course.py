@@ -119,8 +119,24 @@ def _repo_path() -> str:
     return REPOSITORY.removeprefix("https://github.com/")
 
 
+def _notebook_name(filename: object) -> str:
+    """``filename`` checked: the name of a notebook file in notebooks/, as every address needs."""
+    if (
+        not isinstance(filename, str)
+        or not filename.endswith(".ipynb")
+        or filename != filename.strip()
+        or any(c in filename for c in "/\\?#%\0 ")
+        or filename.startswith(".")
+    ):
+        raise ValueError(
+            f"give a notebook's file name in notebooks/, like '00_start_here.ipynb'; got {filename!r}"
+        )
+    return filename
+
+
 def colab_url(filename: str) -> str:
     """The address that opens ``notebooks/<filename>`` of release ``RELEASE`` in Colab."""
+    filename = _notebook_name(filename)
     return f"https://colab.research.google.com/github/{_repo_path()}/blob/{RELEASE}/notebooks/{filename}"
 
 
@@ -134,6 +150,7 @@ def colab_badge(filename: str) -> str:
 
 def binder_url(filename: str = "00_start_here.ipynb") -> str:
     """The address that builds release ``RELEASE`` on Binder and opens ``notebooks/<filename>``."""
+    filename = _notebook_name(filename)
     return (
         f"https://mybinder.org/v2/gh/{_repo_path()}/{RELEASE}?urlpath=lab/tree/notebooks/{filename}"
     )

@@ -29,11 +29,22 @@ the same thing as ``torchrun --standalone`` and handles those cases:
   ``result.exit_problem`` says which rank died and how;
 * nothing the job started outlives ``launch``, however it detached: on Linux torchrun runs under
   a child subreaper (``processes.contained``) that stops and reaps every process left below it,
-  and on every system the processes that carry this launch's mark in their environment are
-  stopped before ``launch`` returns;
+  and torchrun is a subreaper itself, so a rank that kills the supervisor still leaves its
+  orphans where ``launch`` finds them (it sweeps at once when the supervisor dies); on every
+  system the processes that carry this launch's mark in their environment are stopped, looking
+  again until none is left (``processes.sweep``), before ``launch`` returns;
 * if the notebook's process dies while the job runs (a kernel restart: SIGTERM or SIGKILL, no
   ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
   its temporary folder within a second or two.
+
+What listens while a job runs (measured with ``ss -ltnp``, torch 2.13): torchrun's c10d
+rendezvous store (the port ``launch`` chose) and the workers' store (``MASTER_PORT``) listen on
+**every interface**, not only 127.0.0.1, and they are not authenticated: a ``TCPStore`` server
+binds the wildcard address whatever host it is given, and only ``TCPStore(master_listen_fd=...)``
+can bind it to loopback, which torchrun's options (``--rdzv-endpoint``, ``--rdzv-conf``,
+``--local-addr``) and environment (``MASTER_ADDR``) do not reach. ``launch`` runs torchrun
+unmodified, so on a shared network use a firewall (docs/troubleshooting.md, section 13). The
+ranks' gloo sockets listen on 127.0.0.1.
 
 The command it runs is ``result.command`` (a list, as ``subprocess`` takes it) and
 ``result.command_line`` (one string to print); ``torchrun_command`` builds the same list.
@@ -71,7 +82,7 @@ from typing import Any
 
 import psutil
 
-from .processes import Watchdog, contained, stop_tree
+from .processes import Watchdog, contained, sweep
 
 __all__ = [
     "KEEP_LINES",
@@ -104,6 +115,9 @@ _MARK = re.compile(r"\x1e(\d+)\x1f")
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ")  # what torch adds itself to a rank's traceback
 _LAST_LINES = 15
 _MAX_PROCS_PER_CORE = 4  # nproc above this many per logical core is refused
+_MAX_TIMEOUT_S = (
+    86_400.0  # a day: a longer wait overflows a thread's timeout, and no lesson needs it
+)
 
 
 class LaunchError(RuntimeError):
@@ -223,6 +237,12 @@ def torchrun_command(
     --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3
     scripts/ddp_train.py --epochs 3
     """
+    script = _script_path(script)
+    args = _check_job(nproc, args, port, port_may_be_none=False)
+    if log_dir is not None and (
+        isinstance(log_dir, bytes) or not isinstance(log_dir, (str, os.PathLike))
+    ):
+        raise TypeError(f"log_dir must be a folder's path or None; got {log_dir!r}")
     cmd = [
         sys.executable,
         "-m",
@@ -239,7 +259,7 @@ def torchrun_command(
     ]
     if log_dir is not None:
         cmd.append(f"--log-dir={log_dir}")
-    return [*cmd, str(script), *map(str, args)]
+    return [*cmd, str(script), *args]
 
 
 # --------------------------------------------------------------------------- checking arguments
@@ -283,12 +303,9 @@ def _check_folders(script: Path) -> None:
             )
 
 
-def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: Any) -> list[str]:
-    """Raise one sentence for the first bad argument; return ``args`` as strings."""
-    if not script.is_file():
-        raise FileNotFoundError(
-            f"no script at {script}: give a path relative to the notebook's folder"
-        )
+def _check_job(nproc: Any, args: Any, port: Any, *, port_may_be_none: bool) -> list[str]:
+    """``nproc``, ``args`` and ``port`` as both ``launch`` and ``torchrun_command`` take them:
+    one sentence for the first bad one; ``args`` back as strings."""
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a whole number of processes, at least 1; got {nproc!r}")
     cores = os.cpu_count() or 1
@@ -298,11 +315,7 @@ def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: An
             f"nproc={nproc} is far more than this machine's {cores} cores can run "
             f"(at most {limit} here): use one process per GPU, or 2 on a CPU"
         )
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"timeout must be a positive, finite number of seconds; got {timeout!r}")
-    if port is not None and (
+    if not (port is None and port_may_be_none) and (
         isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
     ):
         raise ValueError(
@@ -310,7 +323,45 @@ def _check_arguments(script: Path, nproc: Any, args: Any, timeout: Any, port: An
         )
     if isinstance(args, (str, bytes)) or not isinstance(args, Iterable):
         raise TypeError(f"args must be a list of arguments, e.g. ['--epochs', '3']; got {args!r}")
-    return [str(a) for a in args]
+    out = []
+    for a in args:
+        if isinstance(a, (bytes, bytearray)) or not isinstance(a, (str, int, float, os.PathLike)):
+            raise TypeError(
+                f"each argument must be text, a number or a path, e.g. ['--epochs', '3']; got {a!r}"
+            )
+        text = os.fspath(a) if isinstance(a, os.PathLike) else str(a)
+        if "\0" in text:
+            raise ValueError(
+                f"argument {text!r} contains a NUL character, which no program can receive"
+            )
+        out.append(text)
+    return out
+
+
+def _check_arguments(
+    script: Path, nproc: Any, args: Any, timeout: Any, port: Any, echo: Any = None
+) -> list[str]:
+    """Raise one sentence for the first bad argument of ``launch``; return ``args`` as strings."""
+    if "\0" in str(script):
+        raise ValueError(f"the script's path contains a NUL character: {str(script)!r}")
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"no script at {script}: give a path relative to the notebook's folder"
+        )
+    arg_list = _check_job(nproc, args, port, port_may_be_none=True)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, got {timeout!r}")
+    if not (math.isfinite(timeout) and 0 < timeout <= _MAX_TIMEOUT_S):
+        raise ValueError(
+            f"timeout must be a positive, finite number of seconds, at most {_MAX_TIMEOUT_S:g} "
+            "(a day); "
+            f"got {timeout!r}"
+        )
+    if echo is not None and not callable(echo):
+        raise TypeError(
+            f"echo must be a function called with each line (print) or None; got {echo!r}"
+        )
+    return arg_list
 
 
 def _choose_port(port: int | None, echo: Callable[[str], None] | None) -> int:
@@ -428,28 +479,42 @@ def _worker_ranks(procs: Iterable[psutil.Process]) -> dict[int, int]:
     return out
 
 
-def _stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Terminate torchrun and every descendant (each worker leads its own session), then reap."""
-    try:
-        root = psutil.Process(proc.pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    stop_tree(tree, grace_s=grace)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
+class _Job:
+    """The processes of one launch, and how to stop all of them (``processes.sweep``).
+
+    The roots are the supervisor (``contained``) and torchrun, both subreapers on Linux: what a
+    rank leaves behind lands on one of them, so a sweep from them finds it even after a rank
+    killed the supervisor. The mark finds what left in its own session off Linux."""
+
+    def __init__(self, proc: subprocess.Popen, mark: str) -> None:
+        self.proc = proc
+        self.mark = mark
+        self.roots: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            self.roots.append(psutil.Process(proc.pid))
+        self.torchrun: psutil.Process | None = None
+
+    def find_torchrun(self) -> None:
+        """Remember torchrun (the supervisor's child) once it exists; a no-op off Linux."""
+        if self.torchrun is not None or not self.roots or not _contained_here():
+            return
+        with contextlib.suppress(psutil.Error):
+            children = self.roots[0].children()
+            if children:
+                self.torchrun = children[0]
+                self.roots.append(children[0])
+
+    def stop(self, grace: float = _ORPHAN_GRACE_S) -> list[int]:
+        """Stop every process of the job (roots last) and reap torchrun's launcher."""
+        self.find_torchrun()
+        left = sweep(self.roots, marks=[(_MARK_ENV, self.mark)], grace_s=grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace)
+        return left
 
 
-def _stop_marked(mark: str, grace: float = _ORPHAN_GRACE_S) -> list[int]:
-    """Stop every process whose environment carries this launch's mark; the pids found."""
-    found = []
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            if p.pid != os.getpid() and p.environ().get(_MARK_ENV) == mark:
-                found.append(p)
-    if found:
-        stop_tree(found, grace_s=grace)
-    return [p.pid for p in found]
+def _contained_here() -> bool:
+    return sys.platform.startswith("linux")
 
 
 def _read_reports(folder: Path) -> tuple[dict[int, Any], dict[int, str]]:
@@ -517,7 +582,7 @@ def launch(
     a file named like a standard-library module (``queue.py``) raises ``RuntimeError``.
     """
     script = _script_path(script)
-    arg_list = _check_arguments(script, nproc, args, timeout, port)
+    arg_list = _check_arguments(script, nproc, args, timeout, port, echo)
     _check_folders(script)
     chosen = _choose_port(port, echo)
     return _launch_once(script, nproc, arg_list, float(timeout), chosen, echo)
@@ -583,6 +648,7 @@ def _run_job(
         )
         watchdog.guard(proc.pid)
         result.launcher_pid = proc.pid
+        job = _Job(proc, mark)
         lines: queue.Queue[tuple[str, str, bool] | None] = queue.Queue(maxsize=10_000)
         closing = threading.Event()
         readers = [
@@ -610,6 +676,7 @@ def _run_job(
 
         deadline = start + timeout
         timed_out = False
+        swept = False
         hung: dict[int, int] = {}
         try:
             open_streams = len(readers)
@@ -618,6 +685,12 @@ def _run_job(
                 if remaining <= 0:
                     timed_out = True
                     break
+                job.find_torchrun()
+                if not swept and proc.poll() is not None:
+                    # The supervisor is gone while the job's output is still open: it was killed
+                    # (by a rank, say), and nothing stops what it left. Stop it now.
+                    swept = True
+                    job.stop()
                 try:
                     item = lines.get(timeout=min(remaining, 0.2))
                 except queue.Empty:
@@ -629,12 +702,11 @@ def _run_job(
             if timed_out:
                 with contextlib.suppress(psutil.Error):
                     hung = _worker_ranks(psutil.Process(proc.pid).children(recursive=True))
-                _stop_tree(proc)
+                job.stop()
             else:
                 proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
         except BaseException:  # KeyboardInterrupt (the stop button) included: never leave orphans
-            _stop_tree(proc)
-            _stop_marked(mark)
+            job.stop()
             raise
         finally:
             closing.set()
@@ -652,7 +724,7 @@ def _run_job(
                 take(splitter.feed(*item))
         take(splitter.flush())
         result.rank_output = {rank: list(found) for rank, found in sorted(kept.items())}
-        _stop_marked(mark)  # what escaped the subreaper (or every leftover, off Linux)
+        job.stop()  # what escaped the subreapers (or every leftover, off Linux)
         result.wall_seconds = time.perf_counter() - start
         result.returncode = proc.returncode if proc.returncode is not None else -1
         result.reports, result.report_errors = _read_reports(report_dir)

@@ -105,6 +105,8 @@ class DoctorReport:
 
 def parse_requirement(text: str) -> tuple[str, int]:
     """``'gpu'`` -> ``('gpus', 1)``, ``'gpus=2'`` -> ``('gpus', 2)``, ``'widgets'``, ``'nvml'``."""
+    if not isinstance(text, str):
+        raise TypeError(f"a requirement is text: gpu, gpus=N, widgets or nvml; got {text!r}")
     t = text.strip().lower()
     if t == "gpu":
         return "gpus", 1
@@ -331,16 +333,32 @@ def _widget_checks() -> tuple[list[Check], bool]:
     return rows, bool(ipw) and rows[1].status == OK
 
 
+#: The longest a check may take: a tool that has not answered in ten minutes will not.
+MAX_TIMEOUT_S = 600.0
+
+
+def _check_timeout(timeout_s: object) -> float:
+    """``timeout_s`` checked once for ``doctor()`` and ``--timeout``: a positive number of
+    seconds no larger than ``MAX_TIMEOUT_S`` (a thread's wait overflows far below 1e308)."""
+    if isinstance(timeout_s, bool) or not (
+        isinstance(timeout_s, (int, float))
+        and math.isfinite(timeout_s)
+        and 0 < timeout_s <= MAX_TIMEOUT_S
+    ):
+        raise ValueError(
+            f"timeout_s must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}; "
+            f"got {timeout_s!r}"
+        )
+    return float(timeout_s)
+
+
 def doctor(timeout_s: float = DEFAULT_TIMEOUT_S) -> DoctorReport:
     """Check everything the course uses. Never raises, never hangs.
 
     ``timeout_s``: seconds each call outside Python (NVML, nvidia-smi, GPUtil) may take; they run
     side by side, so a machine where all three hang still answers after about ``timeout_s``.
     """
-    if isinstance(timeout_s, bool) or not (
-        isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0
-    ):
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    timeout_s = _check_timeout(timeout_s)
     # Imports happen here, in one thread: importing GPUtil (distutils, through setuptools' hook)
     # in one thread while another forks or imports was seen to hang the doctor.
     with contextlib.suppress(ImportError):
@@ -443,9 +461,13 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"--timeout must be a positive number of seconds, got {text!r}")
-    return value
+    try:
+        return _check_timeout(value)
+    except ValueError:
+        raise ValueError(
+            f"--timeout must be a positive number of seconds, at most {MAX_TIMEOUT_S:g}; "
+            f"got {text!r}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -343,6 +343,12 @@ class LiveGauge:
                 f"max_samples must be a whole number of at least 1, got {max_samples!r}"
             )
         self.period_s = float(period_s)
+        if isinstance(sources, (str, Source)):  # one source given alone: sources="torch"
+            sources = [sources]
+        if sources is not None and not isinstance(sources, Iterable):
+            raise TypeError(
+                f"sources must be names like ['torch', 'psutil'] or Source objects, got {sources!r}"
+            )
         specs = tuple(_DEFAULT_SOURCES if sources is None else sources)
         if not specs:
             raise ValueError("give at least one source, e.g. LiveGauge(sources=['psutil'])")

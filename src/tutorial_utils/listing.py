@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 from pathlib import Path
 
 __all__ = ["excerpt", "show"]
@@ -23,16 +24,58 @@ __all__ = ["excerpt", "show"]
 _ROOT_FOR_DOCTEST = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+#: The largest file shown: a script a learner reads is a few KiB; more is not a listing.
+MAX_BYTES = 1 << 20
+
+
 def _read(path: Path) -> str:
+    """The text of a regular file of at most ``MAX_BYTES``. Opened without blocking and checked
+    on the open descriptor: a FIFO, a device (``/dev/zero``) or a folder is refused at once."""
     try:
-        return path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise FileNotFoundError(
             f"there is no file {path}: run the notebook from the notebooks folder, "
             "or give the script's path relative to where you run it."
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise OSError(f"{path} could not be opened ({exc.strerror}).") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file: show a script or a text file.")
+    with os.fdopen(fd, "rb") as f:
+        if info.st_size > MAX_BYTES:
+            raise OSError(
+                f"{path} is {info.st_size:,} bytes, more than the {MAX_BYTES:,} a listing shows: "
+                "pick parts of it by name, or open it in an editor."
+            )
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise OSError(
+            f"{path} grew past {MAX_BYTES:,} bytes while it was read: open it in an editor."
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise OSError(f"{path} could not be read as text ({exc}).") from None
+
+
+def _check(path: object, names: tuple, root: object) -> Path:
+    """The arguments of ``excerpt``/``show``, checked in one place; the path to read."""
+    for value, what in ((path, "path"), (root, "root")):
+        if value is None and what == "root":
+            continue
+        if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+            raise TypeError(
+                f"{what} must be a file path like 'scripts/ddp_train.py', got {value!r}."
+            )
+        if "\0" in os.fspath(value):
+            raise ValueError(f"{what} contains a NUL character: give a file path, got {value!r}.")
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"names must be identifiers of functions or classes, got {name!r}.")
+    return Path(root) / Path(path) if root is not None else Path(path)
 
 
 def excerpt(path: str | os.PathLike, *names: str, root: str | os.PathLike | None = None) -> str:
@@ -41,8 +84,8 @@ def excerpt(path: str | os.PathLike, *names: str, root: str | os.PathLike | None
     With no names, the whole file. Each definition comes with its decorators and the comment
     lines right above it. The first line says which file and lines these are.
     """
+    full = _check(path, names, root)
     shown = Path(path)
-    full = Path(root) / shown if root is not None else shown
     text = _read(full)
     lines = text.splitlines()
     if not names:
@@ -52,9 +95,6 @@ def excerpt(path: str | os.PathLike, *names: str, root: str | os.PathLike | None
             f"{shown} is not a Python file: pick parts by name only from a .py file, "
             "or show the whole file with show(path)."
         )
-    for name in names:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise TypeError(f"names must be identifiers of functions or classes, got {name!r}.")
     try:
         tree = ast.parse(text, filename=str(shown))
     except SyntaxError as exc:
@@ -90,6 +130,8 @@ def show(path: str | os.PathLike, *names: str, language: str | None = None):
     """Display ``excerpt(path, *names)`` highlighted in a notebook (an ``IPython.display.Code``)."""
     from IPython.display import Code
 
+    if language is not None and (not isinstance(language, str) or not language.isidentifier()):
+        raise TypeError(f"language must be a name like 'python' or 'bash', got {language!r}.")
     text = excerpt(path, *names)
     if language is None:
         language = {".py": "python", ".sh": "bash", ".sbatch": "bash"}.get(

@@ -32,6 +32,15 @@ def _signed(nbytes: int) -> str:
 
 def format_measurement(result: Any) -> str:
     """One line from a ``memory.measure()`` result: peak and delta relative to the start."""
+    fields = ("peak_above_start_bytes", "delta_bytes", "device")
+    if not all(hasattr(result, f) for f in fields) or not all(
+        isinstance(getattr(result, f), int) and not isinstance(getattr(result, f), bool)
+        for f in fields[:2]
+    ):
+        raise TypeError(
+            "format_measurement needs what `with memory.measure() as m:` gives (m), "
+            f"not {type(result).__name__}"
+        )
     return (
         f"peak {_signed(result.peak_above_start_bytes)}, delta {_signed(result.delta_bytes)} "
         f"({result.device}, exact)"
@@ -43,7 +52,13 @@ def _split_last_expression(code: str) -> tuple[ast.Module, ast.Expression | None
     tree = ast.parse(code)
     try:
         compile(tree, "<%%peak cell>", "exec")
-    except SyntaxError:
+    except SyntaxError as exc:
+        if "outside function" in str(exc.msg) and "await" not in str(exc.msg):  # return, yield
+            word = str(exc.msg).split("'")[1] if "'" in str(exc.msg) else "return"
+            raise UsageError(
+                f"%%peak runs the cell as top-level code, where '{word}' is not allowed (line "
+                f"{exc.lineno}): end the cell with the value to show instead"
+            ) from None
         try:  # valid only as a top-level await: say what to do, not a SyntaxError
             compile(tree, "<%%peak cell>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
         except SyntaxError:

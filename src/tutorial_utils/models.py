@@ -14,6 +14,7 @@ are the ones ``torch.manual_seed(seed)`` followed by the same layers gives (test
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 
 import torch
@@ -33,8 +34,30 @@ __all__ = [
 ]
 
 
+# The largest size any of these demo models takes: far above what a notebook builds, far below
+# what would try to allocate more memory than any machine has.
+_MAX_SIZE = 1 << 20
+
+
+def _check(owner: str, **sizes: object) -> None:
+    """Every size argument of the models and batches, checked in one place: a whole number from
+    1 to ``_MAX_SIZE`` (``seed``: any whole number from 0 to 2**63 - 1). One sentence for the
+    first bad one."""
+    for name, value in sizes.items():
+        low, high = (0, 2**63 - 1) if name == "seed" else (1, _MAX_SIZE)
+        try:  # int, NumPy's ints and 0-d integer tensors; not floats, not text
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or not low <= number <= high:
+            raise ValueError(
+                f"{owner}: {name} must be a whole number from {low} to {high:,}; got {value!r}"
+            )
+
+
 def seeded(seed: int) -> torch.Generator:
     """A CPU generator with a fixed seed (draw on CPU, then move: identical on every device)."""
+    _check("seeded", seed=seed)
     return torch.Generator().manual_seed(seed)
 
 
@@ -53,6 +76,7 @@ class MLP(nn.Module):
     def __init__(
         self, d_in: int = 256, d_hidden: int = 1024, d_out: int = 10, depth: int = 2, seed: int = 0
     ):
+        _check("MLP", d_in=d_in, d_hidden=d_hidden, d_out=d_out, depth=depth, seed=seed)
         super().__init__()
         with _initialised_with(seed):
             dims = [d_in] + [d_hidden] * (depth - 1) + [d_out]
@@ -68,6 +92,7 @@ class MLP(nn.Module):
 
 
 def mlp_batch(batch: int = 32, d_in: int = 256, device="cpu", seed: int = 1) -> torch.Tensor:
+    _check("mlp_batch", batch=batch, d_in=d_in, seed=seed)
     return torch.randn(batch, d_in, generator=seeded(seed)).to(device)
 
 
@@ -75,6 +100,7 @@ class ConvNet(nn.Module):
     """Two conv blocks with BatchNorm, then a linear head: the cuDNN and channels_last demos."""
 
     def __init__(self, channels: int = 16, n_classes: int = 10, seed: int = 0):
+        _check("ConvNet", channels=channels, n_classes=n_classes, seed=seed)
         super().__init__()
         with _initialised_with(seed):
             self.features = nn.Sequential(
@@ -93,6 +119,7 @@ class ConvNet(nn.Module):
 
 
 def image_batch(batch: int = 8, size: int = 32, device="cpu", seed: int = 1) -> torch.Tensor:
+    _check("image_batch", batch=batch, size=size, seed=seed)
     return torch.randn(batch, 3, size, size, generator=seeded(seed)).to(device)
 
 
@@ -105,6 +132,10 @@ class LSTMClassifier(nn.Module):
         n_classes: int = 5,
         seed: int = 0,
     ):
+        _check(
+            "LSTMClassifier", vocab=vocab, d_model=d_model, hidden=hidden, n_classes=n_classes,
+            seed=seed,
+        )  # fmt: skip
         super().__init__()
         with _initialised_with(seed):
             self.embed = nn.Embedding(vocab, d_model)
@@ -128,6 +159,15 @@ class TinyTransformer(nn.Module):
         n_classes: int = 5,
         seed: int = 0,
     ):
+        _check(
+            "TinyTransformer", vocab=vocab, d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+            n_classes=n_classes, seed=seed,
+        )  # fmt: skip
+        if d_model % n_heads:
+            raise ValueError(
+                f"TinyTransformer: d_model={d_model} must be a multiple of n_heads={n_heads} "
+                "(each head gets d_model / n_heads features): change one of them"
+            )
         super().__init__()
         with _initialised_with(seed):
             self.embed = nn.Embedding(vocab, d_model)
@@ -145,6 +185,9 @@ class EmbeddingBagClassifier(nn.Module):
     """Embedding-heavy: most bytes are in one big table, few in compute."""
 
     def __init__(self, vocab: int = 50_000, d_model: int = 64, n_classes: int = 5, seed: int = 0):
+        _check(
+            "EmbeddingBagClassifier", vocab=vocab, d_model=d_model, n_classes=n_classes, seed=seed
+        )
         super().__init__()
         with _initialised_with(seed):
             self.embed = nn.Embedding(vocab, d_model)
@@ -162,9 +205,15 @@ class TiedLM(nn.Module):
     """
 
     def __init__(self, vocab: int = 2000, d_model: int = 64, seed: int = 0, mixer: str = "mlp"):
-        super().__init__()
+        _check("TiedLM", vocab=vocab, d_model=d_model, seed=seed)
         if mixer not in ("mlp", "transformer"):
             raise ValueError(f"TiedLM: mixer must be 'mlp' or 'transformer', not {mixer!r}")
+        if mixer == "transformer" and d_model % 4:
+            raise ValueError(
+                f"TiedLM: with mixer='transformer', d_model must be a multiple of its 4 heads; "
+                f"got {d_model}"
+            )
+        super().__init__()
         with _initialised_with(seed):
             self.embed = nn.Embedding(vocab, d_model)
             if mixer == "transformer":
@@ -183,4 +232,5 @@ class TiedLM(nn.Module):
 def token_batch(
     batch: int = 8, seq: int = 16, vocab: int = 1000, device="cpu", seed: int = 1
 ) -> torch.Tensor:
+    _check("token_batch", batch=batch, seq=seq, vocab=vocab, seed=seed)
     return torch.randint(0, vocab, (batch, seq), generator=seeded(seed)).to(device)

@@ -20,6 +20,13 @@ wedged driver) hangs whoever waits for it. Three tools:
   process that leaves its parent, even in a session of its own, is reparented to the supervisor
   instead of to init; once the command ends, the supervisor stops (SIGTERM, then SIGKILL after a
   grace period) and reaps every process still below it, then exits with the command's status.
+  The command itself is made a subreaper too, so what its children leave stays below it even
+  if a process of the job kills the supervisor.
+* :func:`sweep` -- how the watchdog and ``launch`` stop a job: SIGTERM, a grace period, then
+  rounds of SIGKILL on a *fresh* look each time (descendants of the subreapers, processes
+  carrying the launch's mark, members of the sessions seen) until a look finds nothing, and the
+  subreapers last. A helper a rank starts from its SIGTERM handler after the first look is
+  found by a later one, and it cannot land on init while its subreaper still runs.
 * :func:`run` -- ``subprocess.run`` with a timeout that also kills what the tool itself started
   (``subprocess.run`` kills only the direct child, then waits for the pipe that a grandchild still
   holds open) and reaps everything before it returns.
@@ -35,11 +42,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import psutil
 
-__all__ = ["Watchdog", "contained", "run", "stop_tree", "tied_to_parent"]
+__all__ = ["Watchdog", "contained", "run", "stop_tree", "sweep", "tied_to_parent"]
 
 _POLL_S = 0.2  # how often the watchdog refreshes the list of processes it guards
 
@@ -98,6 +106,9 @@ me = os.getpid()
 child = os.fork()
 if child == 0:
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+    # The command is a subreaper too (kept across exec): what its own children leave behind
+    # stays below it, where a sweep from its pid finds it, even if this supervisor is killed.
+    libc.prctl(36, 1, 0, 0, 0)
     if os.getppid() != me:
         os._exit(128 + signal.SIGTERM)
     os.execv(sys.argv[4], sys.argv[5:])
@@ -214,6 +225,117 @@ def stop_tree(procs: Sequence[psutil.Process], grace_s: float = 3.0) -> list[int
     return [p.pid for p in procs]
 
 
+def _as_process(p: int | psutil.Process) -> psutil.Process | None:
+    if isinstance(p, psutil.Process):
+        return p
+    try:
+        return psutil.Process(int(p))
+    except (psutil.Error, ValueError):
+        return None
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal(p: psutil.Process, sig: int, own_group: int | None) -> None:
+    """``sig`` to ``p``, and to the process group it leads (what it started itself goes too)."""
+    with contextlib.suppress(psutil.Error, OSError):
+        if not p.is_running():
+            return
+        if hasattr(os, "killpg") and os.getpgid(p.pid) == p.pid != own_group:
+            os.killpg(p.pid, sig)
+        else:
+            p.send_signal(sig)
+
+
+def _marked(p: psutil.Process, marks: Sequence[tuple[str, str]]) -> bool:
+    env = p.environ()
+    return any(env.get(variable) == value for variable, value in marks)
+
+
+def sweep(
+    roots: Sequence[int | psutil.Process],
+    also: Sequence[int | psutil.Process] = (),
+    marks: Sequence[tuple[str, str]] = (),
+    grace_s: float = 1.0,
+    limit_s: float = 20.0,
+) -> list[int]:
+    """Stop everything below ``roots`` (and ``also``, and every process whose environment has one
+    of ``marks``), then the ``roots``; return the pids still alive after ``limit_s`` (normally
+    none).
+
+    The roots are subreapers (``contained``'s supervisor): whatever leaves its parent lands on
+    them, so they are killed last, once a fresh look below them finds nothing. First SIGTERM to
+    all (and to the groups they lead), ``grace_s`` to exit; then rounds of SIGKILL, each on a
+    fresh snapshot (descendants of the roots and of ``also``, marked processes, and every
+    process in a session one of them was seen in), until a snapshot is empty: a process started
+    after the first look (from a SIGTERM handler, say) is found by a later one. Then the roots,
+    then one last look for what was marked or in those sessions.
+    """
+    me = os.getpid()
+    own_group = os.getpgrp() if hasattr(os, "getpgrp") else None
+    own_sessions = {0, os.getsid(0)} if hasattr(os, "getsid") else {0}
+    root_procs = {p.pid: p for p in map(_as_process, roots) if p is not None and p.pid != me}
+    known = {p.pid: p for p in map(_as_process, also) if p is not None and p.pid != me}
+    sessions: set[int] = set()
+
+    def look() -> dict[int, psutil.Process]:
+        found: dict[int, psutil.Process] = {}
+        for p in [*root_procs.values(), *known.values()]:
+            if not _running(p):  # gone (its pid may be another process's by now)
+                continue
+            with contextlib.suppress(psutil.Error):
+                for child in p.children(recursive=True):
+                    found[child.pid] = child
+        found.update({pid: p for pid, p in known.items() if _running(p)})
+        if marks or sessions:
+            for p in psutil.process_iter():
+                if p.pid in found or p.pid in root_procs or p.pid == me:
+                    continue
+                with contextlib.suppress(psutil.Error, OSError):
+                    if os.getsid(p.pid) in sessions or (marks and _marked(p, marks)):
+                        found[p.pid] = p
+        found.pop(me, None)
+        for pid in [*found, *root_procs]:
+            with contextlib.suppress(OSError, AttributeError):
+                sid = os.getsid(pid)
+                if sid not in own_sessions:
+                    sessions.add(sid)
+        for pid in root_procs:
+            found.pop(pid, None)
+        return {pid: p for pid, p in found.items() if _running(p)}
+
+    deadline = time.monotonic() + limit_s
+    first = look()
+    for p in [*first.values(), *root_procs.values()]:
+        _signal(p, signal.SIGTERM, own_group)
+    end_of_grace = time.monotonic() + grace_s
+    while time.monotonic() < end_of_grace:
+        if not look() and not any(_running(p) for p in root_procs.values()):
+            break
+        time.sleep(0.05)
+    while time.monotonic() < deadline:
+        found = look()
+        if not found:
+            break
+        for p in found.values():
+            _signal(p, signal.SIGKILL, own_group)
+        psutil.wait_procs(list(found.values()), timeout=0.2)
+    for p in root_procs.values():
+        _signal(p, signal.SIGKILL, own_group)
+    psutil.wait_procs(list(root_procs.values()), timeout=max(0.5, deadline - time.monotonic()))
+    root_procs.clear()  # below them now: what landed on init; only marks and sessions find it
+    for p in look().values():
+        _signal(p, signal.SIGKILL, own_group)
+    left = [*look().values()]
+    psutil.wait_procs(left, timeout=1.0)
+    return [p.pid for p in left if _running(p)]
+
+
 def run(cmd: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess:
     """Run ``cmd``, capture its output as text, and never wait more than ``timeout_s`` seconds.
 
@@ -319,6 +441,7 @@ def _read_orders(stream, orders: queue.Queue) -> None:
 def _watch(stream) -> None:
     """The watchdog's loop: read orders until "done" (exit) or end of file (clean up, exit)."""
     guarded: dict[int, psutil.Process] = {}
+    roots: set[int] = set()  # the pids we were told to guard; the rest were found below them
     paths: list[str] = []
     marks: list[tuple[str, str]] = []
     orders: queue.Queue[str | None] = queue.Queue()
@@ -336,6 +459,7 @@ def _watch(stream) -> None:
         if kind == "pid":
             with contextlib.suppress(psutil.Error, ValueError):
                 guarded[int(arg)] = psutil.Process(int(arg))
+                roots.add(int(arg))
         elif kind == "path":
             paths.append(arg)
         elif kind == "mark":
@@ -343,13 +467,14 @@ def _watch(stream) -> None:
             marks.append((variable, value))
         _add_descendants(guarded)
     _add_descendants(guarded)
-    for p in psutil.process_iter():
-        with contextlib.suppress(psutil.Error, OSError):
-            env = p.environ()
-            if p.pid != os.getpid() and any(env.get(k) == v for k, v in marks):
-                guarded.setdefault(p.pid, p)
-    # Nobody waits for a clean ending any more: a short grace, then SIGKILL.
-    stop_tree(list(guarded.values()), grace_s=1.0)
+    # Nobody waits for a clean ending any more: a short grace, then SIGKILL, looking again until
+    # nothing is left, the guarded roots (subreapers) last.
+    sweep(
+        [p for pid, p in guarded.items() if pid in roots],
+        also=[p for pid, p in guarded.items() if pid not in roots],
+        marks=marks,
+        grace_s=1.0,
+    )
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import html
 import math
+import numbers
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -64,7 +65,15 @@ _MAX_NUMBER = 1_000_000  # calls per sample when calibrating; a safety cap
 
 def format_seconds(seconds: float) -> str:
     """``format_seconds(0.00123) == '1.23 ms'``: s, ms, us or ns with three significant digits."""
-    if seconds is None or math.isnan(seconds):
+    if seconds is None:
+        return "n/a"
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(f"format_seconds needs a number of seconds, not {seconds!r}")
+    try:
+        seconds = float(seconds)
+    except OverflowError:  # an int beyond any float: longer than the universe has existed
+        return f"{'-' if seconds < 0 else ''}over 1e308 s"
+    if math.isnan(seconds):
         return "n/a"
     value = abs(seconds)
     for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):

@@ -33,6 +33,12 @@ def format_bytes(nbytes: float | int | None, precision: int = 2) -> str:
             f"format_bytes needs a number of bytes, not {nbytes!r}; "
             "read a size written as text with parse_bytes() first"
         )
+    if isinstance(precision, bool) or not isinstance(precision, int) or not 0 <= precision <= 15:
+        raise ValueError(
+            f"precision must be a whole number of digits from 0 to 15, not {precision!r}"
+        )
+    if isinstance(nbytes, numbers.Integral) and abs(int(nbytes)) >= 2**1000:  # beyond a float
+        return f"{'-' if nbytes < 0 else ''}{abs(int(nbytes)) // 2**50} PiB"
     if math.isnan(nbytes):
         return "n/a"
     if math.isinf(nbytes):
@@ -53,10 +59,17 @@ def parse_bytes(text: str | int | float) -> int:
     """``parse_bytes('1.5 GiB') == 1610612736``: a size in bytes (callers check the sign).
 
     Reads B, KiB to PiB (powers of 1024, as :func:`format_bytes` prints), KB to PB (powers of
-    1000), and K/M/G/T/P (powers of 1024); or a plain number of bytes.
+    1000), and K/M/G/T/P (powers of 1024); or a plain number of bytes. A fraction of a unit is
+    rounded to the nearest byte, and so is a number (``0.3 * peak``); text that asks for a
+    fraction of a byte (``'1.5'``) is refused, not truncated.
     """
     if isinstance(text, bool):
         raise ValueError(f"a size must be a number of bytes or text like '512 MiB', not {text!r}")
+    if isinstance(text, int) and abs(text) >= _TOO_LARGE:  # before float(): it may not fit one
+        raise ValueError(
+            f"{text} bytes is too large a size (over {_TOO_LARGE_TEXT}); give a real size, "
+            "such as '512 MiB'"
+        )
     if isinstance(text, (int, float)):
         number, factor = float(text), 1
     elif isinstance(text, str):
@@ -79,4 +92,9 @@ def parse_bytes(text: str | int | float) -> int:
             f"{text!r} is too large a size (over {_TOO_LARGE_TEXT}); write it in bytes, "
             "KiB, MiB, GiB, TiB or PiB, such as '512 MiB'"
         )
-    return int(nbytes)
+    if isinstance(text, str) and factor == 1 and nbytes != int(nbytes):
+        raise ValueError(
+            f"{text!r} is not a whole number of bytes: give whole bytes, or a unit ('1.5 KiB')"
+        )
+    # A fraction of a unit ('1.1 KiB') or a computed size (0.3 * peak) is the nearest byte.
+    return round(nbytes)
