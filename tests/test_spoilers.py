@@ -147,15 +147,13 @@ def object_reprs(cells: list[dict]) -> list[str]:
     ]
 
 
-_NOT_YET = {  # notebooks another engineer or the lead changes this round (issue 31's report)
-    "05a": "05a's Calculator widget saves its VBox repr: calculator.py and 05a are not this task's",
-}
+_NOT_YET: dict[tuple[str, str], str] = {}  # (kind, notebook prefix) -> why it cannot pass yet
 
 
 def _params(kind: str) -> list:
     return [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_NOT_YET[p]))
-        if p in _NOT_YET and (kind, p) in {("widget", "05a")}
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_NOT_YET[kind, p]))
+        if (kind, p) in _NOT_YET
         else p
         for p in CHECKED
     ]

@@ -233,7 +233,12 @@ class Calculator:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        display(self.widget)
+        # The widget, with a sentence as its text form: a saved notebook shows that text until
+        # the cell runs (ipywidgets' own would be "VBox(children=(HBox(...": an object's repr).
+        bundle = dict(self.widget._repr_mimebundle_() or {})
+        state = self.error or (self.report.verdict if self.report else "no answer yet")
+        bundle["text/plain"] = f"Will-it-fit calculator: {state}. Run the cell to turn its knobs."
+        display(bundle, raw=True)
 
     def __repr__(self) -> str:
         state = self.error or (self.report.verdict if self.report else "no answer yet")

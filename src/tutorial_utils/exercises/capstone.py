@@ -953,6 +953,7 @@ def _check_every_call(
         grads = [None if g is None else _tensor(g, device) for g in handed[0]]
         _compare_grads(fb, grads, want, when)
         if call.loss is not None and not wrong_loss:
+            # 2 %: a bf16 step's loss may be off by a few bf16 roundings (2**-8 = 0.4 % each)
             if not math.isclose(call.loss, batch_loss, rel_tol=0.02, abs_tol=1e-3):
                 wrong_loss = (
                     f"{when} train_step returned {call.loss:.4f}, but the batch's loss at the "
@@ -965,6 +966,8 @@ def _check_every_call(
                 p.grad = g
         shadow_opt.step()
         after = [_tensor(host, device) for host in call.after]
+        # the same optimizer step on the same gradients: equal but for a weight's last bits
+        # (rtol) and 1 % of one step where Adam divides by a gradient near its eps (atol)
         fb.require(
             all(
                 torch.allclose(p.detach(), a, rtol=1e-5, atol=1e-2 * task.lr)
