@@ -233,7 +233,13 @@ def test_no_orphans_after_the_kernel_is_killed(signal_name):
 @pytest.mark.guard
 @pytest.mark.parametrize("case", ["KILL", "TERM", "kill-subreaper"])
 def test_no_orphan_helpers(case):
-    seen = probe.orphan_helpers(case, delay_s=0.5, wait_s=10.0)
+    # The attack needs each rank to reach its SIGTERM handler and start a helper; on a loaded
+    # machine a rank may be killed before it does (then nothing was attacked, nothing checked).
+    # Retry the setup, not the verdict: the first run in which both helpers started is judged.
+    for _ in range(3):
+        seen = probe.orphan_helpers(case, delay_s=0.5, wait_s=10.0)
+        if seen["helpers_started"] == 2:
+            break
     assert seen["helpers_started"] == 2, seen  # the attack happened
     assert seen["helpers_alive_after_wait"] == 0 and seen["other_job_processes_alive"] == 0, seen
     assert seen["temp_folders_left"] == 0
