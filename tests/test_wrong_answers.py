@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from test_exercises_predict import LLAMA_LIKE
 from torch import nn
 
 from tutorial_utils import accounting, memory
@@ -442,19 +443,7 @@ def test_zero_bytes_bf16_hint_only_for_that_mistake():
 def test_parameter_count_over_count_is_not_called_missing():
     from tutorial_utils.formulas import decoder_parameters
 
-    cfg = DecoderConfig(
-        vocab=500,
-        d_model=64,
-        n_layers=2,
-        n_heads=8,
-        n_kv_heads=2,
-        d_ff=160,
-        norm="rms",
-        mlp="swiglu",
-        bias=False,
-        tied=False,
-        max_positions=0,
-    )
+    cfg = LLAMA_LIKE
     h, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
     over = decoder_parameters(cfg) + cfg.n_layers * 2 * h * (h - kv)  # k, v counted h wide
     fb = predict.check_parameter_count(cfg, over)
