@@ -42,7 +42,7 @@ test-all: $(STAMP) browser-deps
 # Notebooks 03, 04 and 08 under strict nbval on every CPU math path a learner's machine may take
 # (MKL's AVX2 / SSE4.2 code and CBWR=COMPATIBLE, ATen's default / avx2 / avx512 kernels, oneDNN
 # without native bf16, 1 and 4 threads), then each tolerance's bound beside its worst value
-# (about 30 minutes on 2 cores; make test-all runs it too, as tests/test_cpu_paths.py).
+# (15 minutes on 2 quiet cores with 05 and 06 too; make test-all runs it, tests/test_cpu_paths.py).
 cpu-paths: $(STAMP)
 	$(BIN)/python tools/cpu_paths.py
 

@@ -5,7 +5,7 @@ checks use keeps a margin of 10x over the worst value seen on any path (issue 30
 reproducible mode, ATen's default / AVX2 / AVX-512 kernels, oneDNN without native bf16, 1 and 4
 threads) and reruns the three notebooks under strict nbval, booking every tolerance pair the
 launched scripts (``common.within``) and the notebooks' kernels (``gap_NAME`` / ``tol_NAME``)
-see. About three minutes a path on 2 cores: part of ``make test-all`` and ``make cpu-paths``.
+see. One to three minutes a path on 2 cores: part of ``make test-all`` and ``make cpu-paths``.
 """
 
 from __future__ import annotations
