@@ -42,16 +42,21 @@ CPU_CLUSTER = ["--gpus-per-node=0", "--cpus-per-task=1"]  # the course's nodes h
 ABORT = re.compile(r"terminate called|SIGABRT|Signal 6|core dumped|exit code 134|exitcode\s*:\s*-6")
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    """The two-node cluster, up (both nodes idle) for the whole session; stopped at the end."""
+def start_cluster(folder):
+    """A cluster in ``folder``, tied to this process; the test is skipped without root or Slurm."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm tests start munged, slurmctld and slurmd, which needs root")
     try:
         slurm.ensure_installed(timeout_s=600)
     except slurm.Unavailable as exc:
         pytest.skip(str(exc))
-    up = slurm.start(tmp_path_factory.mktemp("slurm"), port=None, tied_to_parent=True)
+    return slurm.start(folder, port=None, tied_to_parent=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """The two-node cluster, up (both nodes idle) for the whole session; stopped at the end."""
+    up = start_cluster(tmp_path_factory.mktemp("slurm"))
     print(f"\ncluster up in {up.start_seconds:.1f} s ({up!r})")
     try:
         yield up
@@ -359,13 +364,7 @@ def test_stop_ends_its_jobs_and_daemons_and_leaves_the_learners_terminal(tmp_pat
     """`make cluster-stop` from the terminal that exported SLURM_CONF (as `make cluster` says):
     the terminal's other programs keep running; the cluster's jobs and daemons are gone; and
     the daemons listened on loopback only where the host name resolves there."""
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm tests start munged, slurmctld and slurmd, which needs root")
-    try:
-        slurm.ensure_installed(timeout_s=600)
-    except slurm.Unavailable as exc:
-        pytest.skip(str(exc))
-    up = slurm.start(tmp_path / "c", port=None, tied_to_parent=True)
+    up = start_cluster(tmp_path / "c")
     env = up.env()
     terminal = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
     try:

@@ -47,13 +47,12 @@ def train_step(
     """One Adam step; returns the gradients it stepped with (whole tensors, also when sharded)."""
     loss = nn.functional.mse_loss(model(x), y)
     loss.backward()
-    grads = [g.full_tensor() if isinstance(g, DTensor) else g.clone() for g in grads_of(model)]
+    grads = [
+        g.full_tensor() if isinstance(g, DTensor) else g.clone()
+        for g in (p.grad for p in model.parameters())
+    ]
     opt.step()
     return grads
-
-
-def grads_of(model: nn.Module) -> list[torch.Tensor]:
-    return [p.grad for p in model.parameters()]
 
 
 def shard(model: nn.Sequential, mesh, **kwargs) -> nn.Sequential:

@@ -130,7 +130,7 @@ def check_ddp_script(
     """
     purpose = "check_ddp_script"
     nproc = _positive_int(nproc, "nproc", purpose)
-    atol = _tolerance(rtol, purpose)
+    rtol = _tolerance(rtol, purpose)
     ref = _flat_floats(reference_params)
     if ref is None or not bool(torch.isfinite(ref).all()):
         raise ValueError(f"{purpose}: reference_params must be finite numbers")
@@ -142,7 +142,7 @@ def check_ddp_script(
         digest = None  # launch() says what is wrong with the path
     if digest == DDP_EXERCISE_SHA256:
         return not_answered(title, os.path.basename(script), hint)
-    return _check_ddp_run(script, ref, nproc, timeout, atol, title, hint)
+    return _check_ddp_run(script, ref, nproc, timeout, rtol, title, hint)
 
 
 #: The learning rate of ``ddp_train.py`` and ``ddp_exercise.py`` (``ref_params`` was trained at it).
@@ -195,7 +195,7 @@ def _check_ddp_run(
     ref: torch.Tensor,
     nproc: int,
     timeout: float,
-    atol: float,
+    rtol: float,
     title: str,
     hint: str,
 ) -> Feedback:
@@ -248,9 +248,9 @@ def _check_ddp_run(
         "seed and step with the same (all-reduced) gradients",
         brief="the ranks ended with different parameters",
     )
-    diff = relative_difference([params[0]], [ref])  # atol: relative to the largest parameter
+    diff = relative_difference([params[0]], [ref])  # relative to the largest parameter
     if not fb.expect(
-        diff <= atol,
+        diff <= rtol,
         f"the parameters differ from single-process training by up to {diff:.1e}",
         brief="the parameters differ from single-process training",
     ):
@@ -567,7 +567,7 @@ def _check_microbatch_step(
     if m > len(x):
         raise ValueError(f"{purpose}: m={m} micro-batches is more than the {len(x)} samples")
     n_params = sum(p.numel() for p in model.parameters())
-    atol = rounding_bound(n_params + len(x)) if rtol is None else _tolerance(rtol, purpose)
+    rtol = rounding_bound(n_params + len(x)) if rtol is None else _tolerance(rtol, purpose)
     fb = Feedback(f"{m} micro-batches give the full-batch gradients")
     fb.hint(
         "the loss of the whole batch is a mean over all samples: what is it in terms of the "
@@ -639,13 +639,13 @@ def _check_microbatch_step(
         brief=f"the step does not run one backward pass per micro-batch ({m})",
     )
     diff = relative_difference([g for _, g, _ in pairs], [r for _, _, r in pairs])
-    if not math.isfinite(diff) or diff > atol:
+    if not math.isfinite(diff) or diff > rtol:
         ratio = sum(float(g.norm()) for _, g, _ in pairs) / max(
             sum(float(r.norm()) for _, _, r in pairs), 1e-30
         )
         size = f"they are {m}x too large; " if abs(ratio - m) < 0.05 * m else ""
         by_m_grads = [] if by_m is None else [q.grad for q in by_m.parameters() if q.requires_grad]
-        if by_m is not None and relative_difference([g for _, g, _ in pairs], by_m_grads) <= atol:
+        if by_m is not None and relative_difference([g for _, g, _ in pairs], by_m_grads) <= rtol:
             size = (
                 f"the micro-batches hold {sizes} samples, yet each loss was divided by {m}: "
                 "the short one then counts as much as a full one; "
