@@ -2,7 +2,8 @@
 
 With a 1 MiB tensor kept alive throughout, allocates 256 MiB on cuda:0, frees it, empties the
 cache, and reads PyTorch's allocated and reserved bytes and NVML's "used" (what nvidia-smi
-shows) after each step; checks what each one does. Exits 1 with one line when there is no GPU (the notebook runs it only on one).
+shows) after each step; checks what each one does. Exits 1 with one line when there is no
+GPU (the notebook runs it only on one).
 
     python scripts/allocator_vs_nvml.py
 """
