@@ -290,8 +290,71 @@ def _cudnn_search_that_costs_nothing():
     return {"cudnn_results": results, "cudnn": torch.backends.cudnn}
 
 
+def _gputil_without_nvidia_smi(monkeypatch):
+    """GPUtil as the guide imagines it: it reads the GPU without starting nvidia-smi."""
+    import GPUtil
+
+    gpu = types.SimpleNamespace(name="read directly", memoryUsed=1234.0)
+    monkeypatch.setattr(GPUtil, "getGPUs", lambda: [gpu])
+    return {"os": __import__("os")}
+
+
+def _cuda_counters_that_see_cpu_tensors(monkeypatch):
+    from tutorial_utils import memory
+    from tutorial_utils.units import format_bytes
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 8 * 2**20)
+    return {"memory": memory, "format_bytes": format_bytes, "MiB": 2**20, "caps": _cpu()}
+
+
+def _a_peak_counter_that_missed_the_spike():
+    spike = types.SimpleNamespace(peak_bytes=0, start_bytes=0)
+    return {"spike": spike, "seen": 0, "MiB": 2**20}
+
+
+def _a_course_with_two_notebooks_05(monkeypatch):
+    """The course before the renumbering: 05 and 05a both printed as "05"."""
+    from tutorial_utils import course
+
+    def nb(filename):
+        return course.Notebook(filename, filename, 1, "CPU", "one device")
+
+    old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
+    monkeypatch.setattr(course, "NOTEBOOKS", old)
+    monkeypatch.setattr(course, "TRACKS", ("one device",))
+    return {}
+
+
+def _a_move_that_copies_nothing(monkeypatch):
+    """``.to(copy=True)`` and ``copy_`` that hand back their tensor without moving a byte."""
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: self)
+    return {"run_on": torch.device("cpu")}
+
+
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
 MUTATIONS = {
+    "00 GPUtil starts no nvidia-smi": (
+        "00",
+        ("GPUtil.getGPUs() for _ in range(3)",),
+        _gputil_without_nvidia_smi,
+    ),
+    "00 CUDA's counters see CPU tensors": (
+        "00",
+        ("def cpu_block():",),
+        _cuda_counters_that_see_cpu_tensors,
+    ),
+    "00 the peak counter misses the spike": (
+        "00",
+        ("the peak counter caught the spike",),
+        _a_peak_counter_that_missed_the_spike,
+    ),
+    "00 two notebooks numbered 05": (
+        "00",
+        ("two notebooks share a number",),
+        _a_course_with_two_notebooks_05,
+    ),
+    "01 a move that copies nothing": ("01", ("benchmark.Timer(",), _a_move_that_copies_nothing),
     "00 doctor names the wrong reason": (
         "00",
         ("caps.plan().items()",),
