@@ -329,7 +329,11 @@ def _a_move_that_copies_nothing(monkeypatch):
     """``.to(copy=True)`` and ``copy_`` that hand back their tensor without moving a byte."""
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: self)
-    return {"run_on": torch.device("cpu")}
+    import statistics
+
+    from torch.utils import benchmark
+
+    return {"run_on": torch.device("cpu"), "benchmark": benchmark, "statistics": statistics}
 
 
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
