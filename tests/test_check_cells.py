@@ -290,6 +290,25 @@ def _cudnn_search_that_costs_nothing():
     return {"cudnn_results": results, "cudnn": torch.backends.cudnn}
 
 
+def _oom_lab(message: str | None):
+    """Notebook 04's OOM lab where the batch of 8192 fits (``message`` None) or fails on a
+    request other than one (8192, 1024) fp32 activation."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def budget(limit, device):
+        if message is not None:
+            raise torch.OutOfMemoryError(message)
+        yield
+
+    return {
+        "memory": types.SimpleNamespace(budget=budget),
+        "train": lambda batch_size: None,
+        "limit": 0,
+        "device": torch.device("cpu"),
+    }
+
+
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
 MUTATIONS = {
     "00 doctor names the wrong reason": (
@@ -313,6 +332,12 @@ MUTATIONS = {
         "01",
         ("transfer_gpu.hidden_syncs()",),
         _item_that_does_not_synchronize,
+    ),
+    "04 the batch of 8192 fits": ("04", ("train(8192)\n",), lambda: _oom_lab(None)),
+    "04 the request that failed is the batch": (
+        "04",
+        ("train(8192)\n",),
+        lambda: _oom_lab("CPU out of memory. Tried to allocate 8.00 MiB for the batch"),
     ),
     "05 cudnn.benchmark costs nothing": (
         "05",
