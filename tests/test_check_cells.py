@@ -318,11 +318,13 @@ def _a_move_that_copies_nothing(monkeypatch):
     """``.to(copy=True)`` and ``copy_`` that hand back their tensor without moving a byte."""
     monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: self)
+    import datetime
     import statistics
 
     from torch.utils import benchmark
 
-    return {"run_on": torch.device("cpu"), "benchmark": benchmark, "statistics": statistics}
+    names = {"datetime": datetime, "benchmark": benchmark, "statistics": statistics}
+    return {"run_on": torch.device("cpu"), **names}  # what 01 imported in earlier cells
 
 
 def _oom_lab(message: str | None):
