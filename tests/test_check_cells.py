@@ -177,38 +177,27 @@ def _launch_built_a_wrong_command():
     }
 
 
-def _serial_backward_scheduler():
-    """A GPipe scheduler whose backward passes never overlap: each waits for the previous one
-    on every stage. Its idle fraction still falls with m, and is still 0.5 for m = 1."""
-
-    def gpipe_schedule(fwd, bwd, m):
-        p, free, done, events = len(fwd), [0.0] * len(fwd), {}, []
-        for i in range(m):
-            for s in range(p):
-                start = max(free[s], done.get(("F", s - 1, i), 0.0))
-                free[s] = done[("F", s, i)] = start + fwd[s]
-                events.append((s, "F", i, start, free[s]))
-        clock = max(free)
-        for i in range(m):
-            for s in reversed(range(p)):
-                start, clock = clock, clock + bwd[s]
-                events.append((s, "B", i, start, clock))
-        return events
-
-    def idle_fraction(events, stage):
-        span = max(e[4] for e in events) - min(e[3] for e in events)
-        return 1 - sum(e[4] - e[3] for e in events if e[0] == stage) / span
-
-    ms = [1, 2, 4, 8, 16]
-    scheduled = {m: gpipe_schedule([1.0, 1.0], [2.0, 2.0], m) for m in ms}
-    sched = {m: sum(idle_fraction(ev, s) for s in range(2)) / 2 for m, ev in scheduled.items()}
-    return {
-        "gpipe_schedule": gpipe_schedule,
-        "idle_fraction": idle_fraction,
-        "bubble": lambda p, m: (p - 1) / (m + p - 1),
-        "ms": ms,
-        "sched_bubble": sched,
+def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
+    """Notebook 08's two stages after GPipe and 1F1B with m = 8, holding ``gpipe_held`` and
+    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right."""
+    m, one = 8, 327_680
+    gpipe_order = [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
+    right = {"max_grad_diff": 0.0, "grad_tol": 1e-3, "left_bytes": 0}
+    reports = {
+        rank: {
+            "compare": {
+                "one_microbatch_bytes": one,
+                "GPipe": {**right, "order": gpipe_order, "peak_bytes": gpipe_held * one},
+                "1F1B": {**right, "order": [], "peak_bytes": f1b_held[rank] * one},
+            }
+        }
+        for rank in range(2)
     }
+    return {"pipe": types.SimpleNamespace(reports=reports), "cmp_m": m}
+
+
+def test_notebook_08s_activation_check_passes_the_right_counts():
+    _run("08", ("GPipe holds m micro-batches per stage",), _pipeline_activations(8, (2, 1)))
 
 
 def _channels_last_is_a_no_op():
@@ -343,6 +332,25 @@ def test_03_checks_pass_in_the_real_world(world, markers):
     _run("03", markers, world())
 
 
+def _oom_lab(message: str | None):
+    """Notebook 04's OOM lab where the batch of 8192 fits (``message`` None) or fails on a
+    request other than one (8192, 1024) fp32 activation."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def budget(limit, device):
+        if message is not None:
+            raise torch.OutOfMemoryError(message)
+        yield
+
+    return {
+        "memory": types.SimpleNamespace(budget=budget),
+        "train": lambda batch_size: None,
+        "limit": 0,
+        "device": torch.device("cpu"),
+    }
+
+
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
 MUTATIONS = {
     "00 doctor names the wrong reason": (
@@ -367,6 +375,12 @@ MUTATIONS = {
         ("transfer_gpu.hidden_syncs()",),
         _item_that_does_not_synchronize,
     ),
+    "04 the batch of 8192 fits": ("04", ("train(8192)\n",), lambda: _oom_lab(None)),
+    "04 the request that failed is the batch": (
+        "04",
+        ("train(8192)\n",),
+        lambda: _oom_lab("CPU out of memory. Tried to allocate 8.00 MiB for the batch"),
+    ),
     "05 cudnn.benchmark costs nothing": (
         "05",
         ("benchmark=True should pay a search",),
@@ -383,10 +397,15 @@ MUTATIONS = {
         _buffers_ignore_persistent,
     ),
     "07 launch's command is wrong": ("07", ("without_logs = [",), _launch_built_a_wrong_command),
-    "08 backward never pipelines": (
+    "08 GPipe frees activations early": (
         "08",
-        ("assert abs(sched_bubble[1]",),
-        _serial_backward_scheduler,
+        ("GPipe holds m micro-batches per stage",),
+        lambda: _pipeline_activations(2, (2, 1)),
+    ),
+    "08 1F1B holds every micro-batch": (
+        "08",
+        ("GPipe holds m micro-batches per stage",),
+        lambda: _pipeline_activations(8, (8, 8)),
     ),
     "05 channels_last does nothing": (
         "05",
