@@ -190,7 +190,7 @@ def main() -> None:
     ref = build().to(device)  # one process, the whole block
     ref_out, ref_saved = saved_activation_bytes(ref, x)
     ref_out.sum().backward()
-    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}  # timing adds to .grad
+    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
     out = {"world": world, "single": {"params": param_bytes(ref), "saved": ref_saved}}
 
     setups = (
