@@ -544,7 +544,7 @@ COURSE_SCRIPTS = {
     "ddp_exercise.py": [],
     "ddp_exercise_solution.py": [],
     "ddp_practice.py": ["--checkpoint", "{tmp}/ckpt.pt"],
-    "fsdp_shard.py": ["--checkpoint-dir", "{tmp}/dcp"],
+    "fsdp_shard.py": [],  # not launched by a notebook: the smallest FSDP2 script, for a terminal
     "pipeline_by_hand.py": [],
     "pipeline_gpipe.py": [],
     "zero_stages.py": [],
