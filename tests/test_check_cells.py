@@ -327,6 +327,59 @@ def _a_move_that_copies_nothing(monkeypatch):
     return {"run_on": torch.device("cpu"), **names}  # what 01 imported in earlier cells
 
 
+def _notebook_03_block() -> dict:
+    """Notebook 03's section 3 cell run for real: its block, ``saved_storages``, ``weight_keys``."""
+    from tutorial_utils import devices, formulas, memory, models
+    from tutorial_utils.decoder import Decoder, DecoderConfig
+    from tutorial_utils.units import format_bytes
+
+    namespace = {
+        "torch": torch,
+        "memory": memory,
+        "models": models,
+        "formulas": formulas,
+        "Decoder": Decoder,
+        "DecoderConfig": DecoderConfig,
+        "format_bytes": format_bytes,
+        "caps": devices.capabilities(),
+    }
+    _run("03", ("def saved_storages(",), namespace)
+    return namespace
+
+
+def _fused_step_with_hooks(monkeypatch=None):
+    """03 section 7's measurement; with ``monkeypatch``, the hooks are never registered."""
+    namespace = _notebook_03_block()
+    if monkeypatch is not None:
+        monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", lambda *a: None)
+    _run("03", ("register_post_accumulate_grad_hook(step_and_free)",), namespace)
+    return namespace
+
+
+def _offloading(monkeypatch=None):
+    """03 section 8's offloader; with ``monkeypatch``, its index holds each storage alive (a
+    plain dict instead of a WeakKeyDictionary: the bug that frees nothing)."""
+    import weakref
+
+    namespace = _notebook_03_block()
+    if monkeypatch is not None:
+        monkeypatch.setattr(weakref, "WeakKeyDictionary", dict)
+    _run("03", ("class OffloadSaved(",), namespace)
+    return namespace
+
+
+FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
+OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
+
+
+@pytest.mark.parametrize(
+    "world, markers", [(_fused_step_with_hooks, FUSED_CHECK), (_offloading, OFFLOAD_CHECK)]
+)
+def test_03_checks_pass_in_the_real_world(world, markers):
+    """The control for the two 03 mutations below: unmutated, the same cells pass."""
+    _run("03", markers, world())
+
+
 def _oom_lab(message: str | None):
     """Notebook 04's OOM lab where the batch of 8192 fits (``message`` None) or fails on a
     request other than one (8192, 1024) fp32 activation."""
@@ -442,6 +495,8 @@ MUTATIONS = {
         ("torch.isnan(fresh)", '"switched back off"'),
         _deterministic_mode_does_nothing,
     ),
+    "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
+    "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
 }
 
 
