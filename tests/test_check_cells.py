@@ -230,6 +230,58 @@ def _deterministic_mode_does_nothing():
     return {"put_error": None, "fresh": torch.zeros(4), "caps": _cpu()}
 
 
+def _picked_fp16_without_a_scaler():
+    """capabilities() picks fp16 and no GradScaler: the tiny gradient underflows."""
+    layer = torch.nn.Linear(16, 1)
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(3))
+    reference = torch.autograd.grad(layer(x).mean() * 1e-6, layer.weight)[0]
+    picked = types.SimpleNamespace(cuda=False, amp_dtype=torch.float16, grad_scaler=False)
+    sys.path.insert(0, str(NOTEBOOKS / "scripts"))
+    import common
+
+    return {
+        "devices": types.SimpleNamespace(capabilities=lambda: picked),
+        "amp_choice": lambda **facts: (torch.float16, False),
+        "facts": {},
+        **{"layer": layer, "x": x, "reference": reference, "dev": "cpu"},
+        **{k: getattr(common, k) for k in ("relative_gap", "sum_bound", "BF16_ROUNDING", "within")},
+    }
+
+
+def _autocast_that_does_nothing(monkeypatch):
+    """torch.autocast turned into a no-op: the autocast rows are fp32's, not the formula's."""
+    import contextlib
+
+    from tutorial_utils import models
+    from tutorial_utils.units import format_bytes
+
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    return {
+        "nn": torch.nn,
+        "models": models,
+        "format_bytes": format_bytes,
+        **{"device": torch.device("cpu"), "dev": "cpu", "amp_dtype": torch.bfloat16},
+    }
+
+
+def _speed_rows_that_all_run_fp32():
+    """Every row of the speed table runs the same fp32 step: the check of what each ran fails."""
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        model(torch.ones(2, 4))
+
+    step.model = model
+    names = ("fp32", "TF32 (matmul 'high')", "bf16 autocast", "fp16 autocast", "ConvNet fp32")
+    return {
+        "variants": dict.fromkeys((*names, "ConvNet channels_last"), step),
+        "nn": torch.nn,
+        "caps": _cpu(),
+        "rows": {},
+        "median": {},
+    }
+
+
 def _pinning_per_batch_pays():
     t = [types.SimpleNamespace(median=m) for m in (10.0, 2.0, 3.0, 1.0)]
     return {
@@ -489,6 +541,17 @@ MUTATIONS = {
         "05",
         ("0 < gap_probe < tol_probe", 'get_float32_matmul_precision() == "highest"'),
         _autocast_changes_nothing,
+    ),
+    "05 the picked recipe loses the gradient": (
+        "05",
+        ("gap_picked = relative_gap(",),
+        _picked_fp16_without_a_scaler,
+    ),
+    "05 autocast saves nothing": ("05", ("def saved_for_backward(",), _autocast_that_does_nothing),
+    "05 every speed row runs fp32": (
+        "05",
+        ("step()  # one more call per row",),
+        _speed_rows_that_all_run_fp32,
     ),
     "05 deterministic mode does nothing": (
         "05",
