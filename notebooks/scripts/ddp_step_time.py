@@ -1,4 +1,4 @@
-"""From bytes to time: gloo's all-reduce bandwidth, and one DDP step with and without its all-reduce.
+"""From bytes to time: gloo's all-reduce bandwidth, and a DDP step with and without its all-reduce.
 
     torchrun --standalone --nproc-per-node=2 ddp_step_time.py
 
@@ -10,8 +10,8 @@ Every rank measures, with a barrier before each timed call so the ranks start to
    gradients (16 MiB) fit one bucket (``bucket_cap_mb=64``), so its all-reduce starts when
    backward has finished: nothing overlaps, and the difference of the two is the communication.
 Each time is the fastest of REPEATS after WARMUP untimed runs: what the machine does when
-nothing else takes the core (the median moves with the load of a shared machine). The optimizer's update (work of
-the order of the parameter count, not 6x it per row) is left out.
+nothing else takes the core (the median moves with the load of a shared machine). The
+optimizer's update (work of the order of the parameter count, not 6x it per row) is left out.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 WIDTH, LAYERS, ROWS, BUCKET_MB = 1024, 4, 64, 64
 MESSAGE_BYTES = 32 * 2**20
-WARMUP, REPEATS = 2, 15
+WARMUP, REPEATS = 2, 11
 
 
 def timed(fn) -> float:
