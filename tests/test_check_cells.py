@@ -177,6 +177,40 @@ def _launch_built_a_wrong_command():
     }
 
 
+def _replicas_were_detached():
+    """DataParallel's stand-in replicas made with ``.detach()``: no gradient reaches the model."""
+    from torch.nn import functional as F
+
+    from tutorial_utils.models import MLP, mlp_batch
+
+    model = MLP(d_in=16, d_hidden=32, d_out=4, seed=0)
+    x = mlp_batch(batch=8, d_in=16, seed=1)
+    return {
+        "MLP": MLP,
+        "F": F,
+        "devs": devices.demo_devices(2),
+        "model": model,
+        "x": x,
+        "y": torch.randn(8, 4, generator=torch.Generator().manual_seed(2)),
+        "out": model(x),
+    }
+
+
+def _step_far_from_its_prediction():
+    """A DDP step 200x what 07's formula predicts (a formula off by orders of magnitude)."""
+    report = {
+        "world": 2,
+        "params": 4198400,
+        "rows_per_rank": 64,
+        "message_bytes": 32 * 2**20,
+        "allreduce_s": 0.05,
+        "sync": 10.0,
+        "no_sync": 5.0,
+        "buckets": 1,
+    }
+    return {"timing": types.SimpleNamespace(reports={0: report}), "flops": 1e11, "machine": "x"}
+
+
 def _serial_backward_scheduler():
     """A GPipe scheduler whose backward passes never overlap: each waits for the previous one
     on every stage. Its idle fraction still falls with m, and is still 0.5 for m = 1."""
@@ -329,7 +363,21 @@ MUTATIONS = {
         ("persistent=False buffers are not saved",),
         _buffers_ignore_persistent,
     ),
-    "07 launch's command is wrong": ("07", ("without_logs = [",), _launch_built_a_wrong_command),
+    "07 launch's command is wrong": (
+        "07",
+        ("without_logs = [", "get_args_parser().parse_args(ddp.command"),
+        _launch_built_a_wrong_command,
+    ),
+    "07 DataParallel's copies are detached": (
+        "07",
+        ("no gradient reached the model",),
+        _replicas_were_detached,
+    ),
+    "07 a step far from its prediction": (
+        "07",
+        ("not even the order of magnitude",),
+        _step_far_from_its_prediction,
+    ),
     "08 backward never pipelines": (
         "08",
         ("assert abs(sched_bubble[1]",),
