@@ -8,7 +8,8 @@ Every rank measures, with a barrier before each timed call so the ranks start to
 2. one DDP step (forward and backward) of a 4-layer Linear(1024) MLP on 64 rows, in two
    variants interleaved: as usual, and under ``no_sync()``, where DDP skips the all-reduce. The
    gradients (16 MiB) fit one bucket (``bucket_cap_mb=64``), so its all-reduce starts when
-   backward has finished: nothing overlaps, and the difference of the two is the communication.
+   backward has finished: nothing overlaps, and the difference of the two is the communication
+   (and the wait for the slower rank).
 Each time is the fastest of REPEATS after WARMUP untimed runs: what the machine does when
 nothing else takes the core (the median moves with the load of a shared machine). The
 optimizer's update (work of the order of the parameter count, not 6x it per row) is left out.
