@@ -208,7 +208,12 @@ def _step_far_from_its_prediction():
         "no_sync": 5.0,
         "buckets": 1,
     }
-    return {"timing": types.SimpleNamespace(reports={0: report}), "flops": 1e11, "machine": "x"}
+    return {
+        "timing": types.SimpleNamespace(reports={0: report}),
+        "flops": 1e11,
+        "machine": "x",
+        "dev": "cpu",
+    }
 
 
 def _serial_backward_scheduler():

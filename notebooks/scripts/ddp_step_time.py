@@ -35,6 +35,8 @@ def timed(fn) -> float:
     dist.barrier()
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_available():  # on GPUs the work is queued: wait for it to finish
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
