@@ -616,3 +616,38 @@ def test_held_activations_count_one_microbatch_per_forward_until_backward():
         out.sum().backward()
     del outs
     assert held.live == 0
+
+
+# --- notebook 07 after the v2 move (issue 32): one FSDP2 pointer, and its timing script ---
+
+
+def _nb07_sources() -> list[str]:
+    nb = json.loads((SCRIPTS.parent / "07_data_parallelism.ipynb").read_text())
+    return ["".join(c["source"]) for c in nb["cells"]]
+
+
+def test_notebook_07_mentions_fsdp2_once_as_a_pointer_to_09():
+    """FSDP2 is taught in 09 only: 07 may name it in one line, and that line points to 09."""
+    lines = [ln for src in _nb07_sources() for ln in src.splitlines() if "FSDP2" in ln]
+    assert len(lines) == 1 and "notebook 09" in lines[0], lines
+
+
+def test_notebook_07_cites_no_old_numbers():
+    """The v2 renumbering moved 08's DDP internals here: no "notebook 03" or "notebook 08, section
+    8" is left, and the section it points to for buffers exists."""
+    text = "\n".join(_nb07_sources())
+    assert "notebook 03" not in text and "notebook 08, section" not in text
+    assert "## 4. DDP, seen from the inside" in text and "are in section 4" in text
+
+
+@pytest.mark.slow  # a torchrun launch of two ranks
+def test_ddp_step_time_reports_one_bucket_and_both_timings():
+    from tutorial_utils.distributed import launch
+
+    result = launch(SCRIPTS / "ddp_step_time.py", 2, [], 300, echo=None)
+    assert result.returncode == 0, result
+    for rep in result.reports.values():
+        assert rep["world"] == 2 and rep["params"] == 4 * (1024 * 1024 + 1024)
+        assert rep["buckets"] == 1, "the gradients must fit one bucket: nothing overlaps backward"
+        assert rep["message_bytes"] == 32 * 2**20
+        assert all(rep[k] > 0 for k in ("allreduce_s", "sync", "no_sync"))
