@@ -515,7 +515,7 @@ def test_no_sync_checker_never_hangs_when_its_ddp_models_are_freed(tmp_path):
 
 
 # ------------------------------------------------ notebook 08: the pipeline model and its counts
-# Notebook 08 shows these as illustrations (its simulator, its replay); the claims are pinned here.
+# Notebook 08 shows its simulator as an illustration and cites the replay; the claims are here.
 
 
 def _pipeline_timing():
@@ -593,6 +593,34 @@ def test_measured_steps_put_both_ranks_on_one_clock():
     assert pt.span(second) == pytest.approx(1.0)
     assert pt.overlap_seconds(first) == 0.0
     assert pt.idle_fraction(first, 1) == pytest.approx(0.6)
+
+
+def _by_hand_reports(m_steps: dict[int, list[tuple]]) -> dict:
+    """pipeline_by_hand.py's reports on a CPU: per m, one step of (kind, i, start, end, cpu) per
+    rank, the same on both ranks shifted by ``lag`` seconds."""
+    runs = {r: {} for r in range(2)}
+    for m, (events, lag) in m_steps.items():
+        for r in range(2):
+            shifted = [(k, i, a + r * lag, b + r * lag, c) for k, i, a, b, c in events]
+            runs[r][str(m)] = {"steps": [shifted]}
+    return {r: {"runs": runs[r], "device": "cpu"} for r in range(2)}
+
+
+def test_by_hand_summary_says_the_stages_overlapped_when_each_had_a_core():
+    pt = _pipeline_timing()
+    one = ([("F", 0, 0.0, 1.0, 1.0)], 1.0)  # m=1: rank 1 starts when rank 0 ends
+    two = ([("F", 0, 0.0, 0.5, 0.5), ("F", 1, 0.5, 1.0, 0.5)], 0.5)  # m=2: they overlap
+    text = pt.by_hand_summary(_by_hand_reports({1: one, 2: two}))
+    assert "m=2, took 0.75x the time of m=1" in text, text
+    assert "each rank had its core (100%" in text and "so the stages overlapped" in text, text
+
+
+def test_by_hand_summary_blames_a_shared_core():
+    pt = _pipeline_timing()
+    one = ([("F", 0, 0.0, 1.0, 1.0)], 1.0)
+    two = ([("F", 0, 0.0, 1.0, 0.5), ("F", 1, 1.0, 2.0, 0.5)], 1.0)  # a core half the time
+    text = pt.by_hand_summary(_by_hand_reports({1: one, 2: two}))
+    assert "had a core for only 50%" in text and "took turns" in text, text
 
 
 def test_held_activations_count_one_microbatch_per_forward_until_backward():
