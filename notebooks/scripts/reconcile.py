@@ -110,7 +110,7 @@ def _main() -> None:
     formula, hook, ledger, _ = r["rows"]["activations"]
     assert formula == hook == ledger - r["output_bytes"]
     peak = r["rows"]["peak"][3]
-    # a convolution's column buffer: scratch the allocator sees and MemTracker does not
+    # scratch inside an operator (a convolution's buffers): the allocator sees it, MemTracker not
     print(f"  allocator peak - MemTracker peak = {r['gap']:+,} B ({r['gap'] / peak:+.1%})\n")
 
     # Written out, softmax(q k^T / sqrt(d)) v saves the (b, a, s, s) probabilities, 4 a s^2 b
