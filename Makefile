@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 lab: $(STAMP)
 	$(BIN)/python -m tutorial_utils lab $(if $(NO_BROWSER),--no-browser,)
 
-# Notebooks first: they are the longest files (03, 04, 06, 07 take minutes on 2 cores), so each
+# Notebooks first: they are the longest files (07, 08, 05, 06 take minutes on 2 cores), so each
 # worker starts on one and the short unit-test files fill in at the end instead of waiting on them.
 # make test fits CI's five minutes: lint, strict nbval on every notebook, every unit test not
 # marked slow, and the five slow tests marked guard (no torchrun rank outlives a killed kernel or
@@ -39,10 +39,10 @@ test-all: $(STAMP) browser-deps
 	$(MAKE) lint
 	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
 
-# Notebooks 03, 04 and 08 under strict nbval on every CPU math path a learner's machine may take
+# Notebooks 07, 08 and 09 under strict nbval on every CPU math path a learner's machine may take
 # (MKL's AVX2 / SSE4.2 code and CBWR=COMPATIBLE, ATen's default / avx2 / avx512 kernels, oneDNN
 # without native bf16, 1 and 4 threads), then each tolerance's bound beside its worst value
-# (15 minutes on 2 quiet cores with 05 and 06 too; make test-all runs it, tests/test_cpu_paths.py).
+# (15 minutes on 2 quiet cores with 04 and 05 too; make test-all runs it, tests/test_cpu_paths.py).
 cpu-paths: $(STAMP)
 	$(BIN)/python tools/cpu_paths.py
 

@@ -242,7 +242,7 @@ def bench_matmul(ctx: Context) -> Result:
 
 
 def _transformer_config(ctx: Context) -> dict:
-    """The course's TinyTransformer (07's model class) at a size that keeps the device busy."""
+    """The course's TinyTransformer (06's model class) at a size that keeps the device busy."""
     if ctx.cuda:
         return dict(vocab=1000, d_model=1024, n_heads=16, n_layers=4, batch=32, seq=512)
     return dict(vocab=1000, d_model=64, n_heads=4, n_layers=2, batch=8, seq=32)

@@ -1,6 +1,6 @@
-"""notebooks/scripts/allocator_gpu.py, notebook 05's GPU-only demos: on a machine without CUDA
+"""notebooks/scripts/allocator_gpu.py, notebook 04's GPU-only demos: on a machine without CUDA
 each says so in one sentence instead of failing deep inside PyTorch (on a GPU, strict nbval of
-notebook 05 runs them and checks what they return)."""
+notebook 04 runs them and checks what they return)."""
 
 from __future__ import annotations
 

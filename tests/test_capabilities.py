@@ -137,7 +137,7 @@ def test_01_02_device_and_the_two_gpu_branch(fake_machine, key):
     assert caps.demo_devices(2) == devices.demo_devices(2)
 
 
-# ---------------------------------------------------------------- 03 and 04: several devices
+# ---------------------------------------------------------------- 07 and 04: several devices
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_03_04_parallel_branches(fake_machine, key, branch, backend, real_device
     assert caps.ddp_backend(4) == "gloo", "NCCL needs a GPU per process"
 
 
-# ---------------------------------------------------------------- 05 and 07: memory and budgets
+# ---------------------------------------------------------------- 04 and 07: memory and budgets
 
 
 @pytest.mark.parametrize("key", ALL)

@@ -15,7 +15,7 @@ Two guards, both reading the committed notebooks (no kernel, no torch work to sp
    source, so it may move.
 
 Run against the notebooks before issue 20 (``git show fd67aea:notebooks/...``), the rule flags
-01's ``if caps.cuda:`` cells without an ``else``, 02's meta skips and 04's stand-in skip, and
+01's ``if caps.cuda:`` cells without an ``else``, 02's meta skips and 08's stand-in skip, and
 every mutation below passes through the old cells without an assert firing.
 """
 
@@ -34,7 +34,7 @@ import torch
 from tutorial_utils import devices
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-GUARDED = ("00", "01", "02", "03", "04", "05", "05a", "06", "07")
+GUARDED = ("00", "01", "02", "03", "04", "05", "06", "07", "08")
 HARDWARE = re.compile(
     r"caps\.|devices\.|stand_ins|meta|cuda|gpu|cudnn|mps|accelerator|tf32", re.IGNORECASE
 )
@@ -314,8 +314,8 @@ MUTATIONS = {
         ("transfer_gpu.hidden_syncs()",),
         _item_that_does_not_synchronize,
     ),
-    "06 cudnn.benchmark costs nothing": (
-        "06",
+    "05 cudnn.benchmark costs nothing": (
+        "05",
         ("benchmark=True should pay a search",),
         _cudnn_search_that_costs_nothing,
     ),
@@ -329,24 +329,24 @@ MUTATIONS = {
         ("persistent=False buffers are not saved",),
         _buffers_ignore_persistent,
     ),
-    "03 launch's command is wrong": ("03", ("without_logs = [",), _launch_built_a_wrong_command),
-    "04 backward never pipelines": (
-        "04",
+    "07 launch's command is wrong": ("07", ("without_logs = [",), _launch_built_a_wrong_command),
+    "08 backward never pipelines": (
+        "08",
         ("assert abs(sched_bubble[1]",),
         _serial_backward_scheduler,
     ),
-    "06 channels_last does nothing": (
-        "06",
+    "05 channels_last does nothing": (
+        "05",
         ("same bytes, other layout",),
         _channels_last_is_a_no_op,
     ),
-    "06 bf16 autocast changes nothing": (
-        "06",
+    "05 bf16 autocast changes nothing": (
+        "05",
         ("0 < gap_probe < tol_probe", 'get_float32_matmul_precision() == "highest"'),
         _autocast_changes_nothing,
     ),
-    "06 deterministic mode does nothing": (
-        "06",
+    "05 deterministic mode does nothing": (
+        "05",
         ("torch.isnan(fresh)", '"switched back off"'),
         _deterministic_mode_does_nothing,
     ),

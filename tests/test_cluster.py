@@ -8,7 +8,7 @@ otherwise every test here is skipped with one sentence saying why.
 Each job runs a copy of ``notebooks/scripts`` (the sbatch script, ddp_train.py, common.py
 byte for byte), submitted the way a learner does on the course's CPU cluster:
 ``sbatch --gpus-per-node=0 --cpus-per-task=1 slurm_ddp.sbatch``. Each rank reports through
-``TUTORIAL_REPORT_DIR`` (exported into the job by sbatch), and the checks are notebook 03's:
+``TUTORIAL_REPORT_DIR`` (exported into the job by sbatch), and the checks are notebook 07's:
 two ranks train exactly like one process on the global batch; rank 0 alone writes the checkpoint.
 """
 
@@ -129,7 +129,7 @@ def reports(folder: Path) -> dict[int, dict]:
 
 def reference_params(epochs: int, world: int = 2, batch: int = 8) -> torch.Tensor:
     """One process, the same model and data, each step on the ranks' samples together (check 2
-    of notebook 03), for ``epochs`` epochs."""
+    of notebook 07), for ``epochs`` epochs."""
     sys.path.insert(0, str(SCRIPTS))
     from ddp_train import build_data, build_model
 
@@ -154,7 +154,7 @@ def reference_params(epochs: int, world: int = 2, batch: int = 8) -> torch.Tenso
 def gap_to_reference(params: torch.Tensor, epochs: int) -> tuple[float, float]:
     """How far trained parameters are from one process's, relative to the largest, and the bound:
     4 SGD steps an epoch, each summing 8 and 32 products and 16 samples in another order, within
-    2 x 56 fp32 roundings (2**-24) (notebook 03, check 2, derives it)."""
+    2 x 56 fp32 roundings (2**-24) (notebook 07, check 2, derives it)."""
     ref = reference_params(epochs)
     gap = ((params - ref).abs().max() / ref.abs().max()).item()
     return gap, 4 * epochs * 2 * (8 + 32 + 16) * 2**-24

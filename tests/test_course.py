@@ -82,12 +82,12 @@ def test_sync_colab_writes_kernelspec_and_gpu_runtime_and_removes_a_stale_one():
     nb = nbformat.v4.new_notebook()
     nb.metadata["colab"] = {"gpuType": "A100", "provenance": []}
     nb.metadata["accelerator"] = "GPU"
-    assert sync_colab.sync(nb, "03_data_parallelism.ipynb")
+    assert sync_colab.sync(nb, "07_data_parallelism.ipynb")
     assert nb.metadata["kernelspec"] == course.KERNELSPEC
     assert "accelerator" not in nb.metadata and nb.metadata["colab"] == {"provenance": []}
-    assert sync_colab.sync(nb, "05_out_of_memory.ipynb")
+    assert sync_colab.sync(nb, "04_out_of_memory.ipynb")
     assert nb.metadata["accelerator"] == "GPU" and nb.metadata["colab"]["gpuType"] == "T4"
-    assert not sync_colab.sync(nb, "05_out_of_memory.ipynb"), "a second sync changes nothing"
+    assert not sync_colab.sync(nb, "04_out_of_memory.ipynb"), "a second sync changes nothing"
 
 
 def test_setup_cell_installs_the_release_tag_not_a_branch():

@@ -1,4 +1,4 @@
-"""Notebooks 03, 04 and 08 pass strict nbval on every CPU math path, and every tolerance their
+"""Notebooks 07, 08 and 09 pass strict nbval on every CPU math path, and every tolerance their
 checks use keeps a margin of 10x over the worst value seen on any path (issue 30).
 
 ``tools/cpu_paths.py`` forces each path on this CPU (MKL's AVX2 and SSE4.2 code and its

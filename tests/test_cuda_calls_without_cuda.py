@@ -2,7 +2,7 @@
 
 The course relies on it: code that must run everywhere asks ``devices.capabilities()`` first,
 because ``memory_stats()`` quietly returns an empty dict there and the others raise (which
-error depends on the build). Notebook 05 showed this table until issue 20's editorial pass; the
+error depends on the build). Notebook 04 showed this table until issue 20's editorial pass; the
 claim is a fact the course stands on, not a lesson, so it is pinned here.
 """
 

@@ -1,6 +1,6 @@
 """DataParallel with the loss inside ``forward``: one loss per GPU, their mean the batch's loss.
 
-Notebook 03 advises computing the loss inside ``forward`` when using ``nn.DataParallel`` (only
+Notebook 07 advises computing the loss inside ``forward`` when using ``nn.DataParallel`` (only
 one number per GPU is gathered). Its docstring check proves what the docs say; this proves the
 behaviour, which needs two GPUs: on fewer it is skipped, saying why.
 """

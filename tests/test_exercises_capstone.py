@@ -275,7 +275,7 @@ def test_bf16_autocast_stays_inside_the_gradient_tolerance(task):
 
     result = grade(micro_bf16, task)
     assert result.feedback.passed, str(result.feedback)
-    # ...unless the exercise asks for the full-batch gradients themselves (07's exercise 2)
+    # ...unless the exercise asks for the full-batch gradients themselves (06's exercise 2)
     strict = grade(micro_bf16, task, exercise="fp32 only", fp32_gradients=True).feedback
     assert not strict.passed and "without autocast" in str(strict), str(strict)
     assert grade(micro, task, exercise="fp32 only", fp32_gradients=True).feedback.passed
@@ -368,7 +368,7 @@ def test_notebook_07_grades_each_exercise_under_its_own_name(task):
     import re
     from pathlib import Path
 
-    nb = Path(__file__).resolve().parent.parent / "notebooks" / "07_capstone_make_it_fit.ipynb"
+    nb = Path(__file__).resolve().parent.parent / "notebooks" / "06_capstone_make_it_fit.ipynb"
     cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
     calls = [m for c in cells for m in re.findall(r"grade\((\w+), (\w+)(, exercise=[^,)]+)?", c)]
     untagged = {(step, on) for step, on, named in calls if not named}
@@ -485,7 +485,7 @@ def test_the_gradients_problem_is_said_once(task):
 
 
 def test_one_backward_over_micro_batches_is_refused_even_when_it_fits(task):
-    """Issue 31 §2, 07 exercise 3: one graph over 8 micro-batches, one backward, checkpointed."""
+    """Issue 31 §2, 06 exercise 3: one graph over 8 micro-batches, one backward, checkpointed."""
 
     def one_backward(model, optimizer, x, y, k=8):
         optimizer.zero_grad()
@@ -505,7 +505,7 @@ def test_one_backward_over_micro_batches_is_refused_even_when_it_fits(task):
 
 
 def test_fp32_gradients_are_asked_of_every_call(task):
-    """Issue 31 §2, 07 exercise 2: fp32 in the first, unbudgeted call, bf16 under the budget."""
+    """Issue 31 §2, 06 exercise 2: fp32 in the first, unbudgeted call, bf16 under the budget."""
     calls = []
 
     def sneaky(model, optimizer, x, y):
@@ -519,7 +519,7 @@ def test_fp32_gradients_are_asked_of_every_call(task):
 
 
 def test_calling_the_worked_solution_is_not_an_answer(task):
-    """Issue 31 §2: `return solution_step(...)` passed 07's task."""
+    """Issue 31 §2: `return solution_step(...)` passed 06's task."""
 
     def lazy(model, optimizer, x, y):
         capstone.solution_step(model, optimizer, x, y)

@@ -171,7 +171,7 @@ def _profile(forwards, backwards, autocast=None, checkpointed=False):
 
 
 def test_each_kind_of_attempt_gets_its_own_hint_and_fix():
-    """The hint is chosen from what the attempt did; no two kinds share one (issue 20 §6: 07's
+    """The hint is chosen from what the attempt did; no two kinds share one (issue 20 §6: 06's
     4 micro-batches and its tight-budget exercise, both out of memory at step 2, shared one)."""
     kinds = {
         "plain": (_profile(1, 1), 1),

@@ -1,4 +1,4 @@
-"""The checkers of the debugging exercises (notebooks 00, 01, 05) and 02's build-on-device check.
+"""The checkers of the debugging exercises (notebooks 00, 01, 04) and 02's build-on-device check.
 
 Each reference answer passes; the bug the exercise ships with fails with a message that names
 it; and answers that try to get around a check (wrong types, objects that compare equal to

@@ -1,4 +1,4 @@
-"""07's first exercise: the fastest combination that fits, from the notebook's own measurements."""
+"""06's first exercise: the fastest combination that fits, from the notebook's own measurements."""
 
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def microbatch_nan_last(model, x, y, m):
 
 
 def amp_right(model, optimizer, scaler, micro_batches, device_type, dtype, max_norm):
-    """Notebook 06's mixed-precision step. Issue 11 found its faults in ``check_amp_step``;
+    """Notebook 05's mixed-precision step. Issue 11 found its faults in ``check_amp_step``;
     issue 20 replaced that exercise (a copy of the notebook's recipe cell) by
     ``check_accumulated_clipped_step``, and the same faults are checked there."""
     optimizer.zero_grad(set_to_none=True)

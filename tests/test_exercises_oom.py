@@ -54,7 +54,7 @@ def test_evaluate_leaky_loop_fails_with_the_reason() -> None:
             total += nn.functional.cross_entropy(model(x), y)
         return total / len(batches)
 
-    # that is notebook 05's shipped exercise code: not an answer yet (issue 31)
+    # that is notebook 04's shipped exercise code: not an answer yet (issue 31)
     assert not ex.check_evaluate(leaky).answered
 
     def leaky(model, batches):  # the same mistake, typed by the learner
@@ -182,7 +182,7 @@ def _halving_retries(source: str) -> list[str]:
 def test_05_teaches_no_retry_loop_that_exercise_2_asks_for():
     """Exercise 2 (a retry that halves the batch) must take thought: no cell above it shows the
     finished pattern (until issue 20, section 3's ``largest_batch_that_fits`` did)."""
-    cells = _cells("05_out_of_memory.ipynb")
+    cells = _cells("04_out_of_memory.ipynb")
     end = next(
         i
         for i, c in enumerate(cells)

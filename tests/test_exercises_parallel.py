@@ -1,4 +1,4 @@
-"""Checkers of notebooks 03 and 04: they pass the reference answers and catch the usual mistakes."""
+"""Checkers of notebooks 07 and 04: they pass the reference answers and catch the usual mistakes."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_microbatch_step_passes_scaled_losses_and_names_the_factor():
 
 
 def _reference_params() -> torch.Tensor:
-    """Single-process training on the two ranks' samples, as notebook 03 computes it."""
+    """Single-process training on the two ranks' samples, as notebook 07 computes it."""
     sys.path.insert(0, str(SCRIPTS))
     try:
         from ddp_train import build_data, build_model
@@ -121,9 +121,9 @@ def test_ddp_checker_reports_a_job_that_did_not_finish():
 
 def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
     """The checker's verdicts on ddp_exercise.py (both bugs found) and on its solution (passed)
-    are cells of notebook 03, which strict nbval runs and compares in ``make test``: two torchrun
+    are cells of notebook 07, which strict nbval runs and compares in ``make test``: two torchrun
     launches a unit test would only repeat. This keeps those cells from going away unnoticed."""
-    nb = json.loads((SCRIPTS.parent / "03_data_parallelism.ipynb").read_text())
+    nb = json.loads((SCRIPTS.parent / "07_data_parallelism.ipynb").read_text())
 
     def shown(output: dict) -> str:  # printed text or a value's repr
         return "".join(output.get("text") or output.get("data", {}).get("text/plain", ""))
@@ -134,7 +134,7 @@ def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
         if c["cell_type"] == "code"
     ]
     buggy = [out for src, out in cells if 'check_ddp_script("scripts/ddp_exercise.py"' in src]
-    assert buggy, "notebook 03 no longer runs check_ddp_script on scripts/ddp_exercise.py"
+    assert buggy, "notebook 07 no longer runs check_ddp_script on scripts/ddp_exercise.py"
     # run as shipped, the exercise is not answered yet, and its saved output names no bug
     assert buggy[0].startswith("Not answered yet:") and "starting code" in buggy[0]
     assert "same order" not in buggy[0] and "world size" not in buggy[0]
@@ -143,7 +143,7 @@ def test_notebook_03_runs_the_ddp_checker_on_the_exercise_and_its_solution():
         for src, _ in cells
         if 'check_ddp_script("scripts/ddp_exercise_solution.py"' in src and "assert_passed()" in src
     ]
-    assert solved, "notebook 03 no longer asserts that the DDP solution passes its checker"
+    assert solved, "notebook 07 no longer asserts that the DDP solution passes its checker"
 
 
 def _split_forward(kind: str):
@@ -288,7 +288,7 @@ def test_ddp_exercise_as_shipped_is_not_an_attempt_and_names_no_bug():
 def test_ddp_checker_finds_both_bugs_of_the_exercise(tmp_path):
     """The exercise with a learner's comment added (not the shipped file any more) still has
     both bugs: the checker must name the shuffle first, then both in detail. It used to be
-    shown by notebook 03's saved output, which now gives nothing away."""
+    shown by notebook 07's saved output, which now gives nothing away."""
     import shutil
 
     for name in ("common.py", "ddp_train.py"):
@@ -389,15 +389,15 @@ def _from_source(source: str, name: str, tmp_path):
 
 
 def _shipped_def(name: str, tmp_path):
-    """Notebook 04's exercise cell's ``def name``, as the notebook ships it."""
+    """Notebook 08's exercise cell's ``def name``, as the notebook ships it."""
     import ast
 
-    (notebook,) = (SCRIPTS.parent).glob("04_*.ipynb")
+    (notebook,) = (SCRIPTS.parent).glob("08_*.ipynb")
     for source in shipped.exercise_cells(notebook):
         for node in ast.parse(source).body:
             if isinstance(node, ast.FunctionDef) and node.name == name:
                 return _from_source(ast.get_source_segment(source, node) + "\n", name, tmp_path)
-    raise AssertionError(f"notebook 04 ships no exercise cell defining {name}")
+    raise AssertionError(f"notebook 08 ships no exercise cell defining {name}")
 
 
 def _mb_model():
@@ -457,9 +457,9 @@ def test_shipped_code_ignores_comments_and_sees_code(tmp_path):
 
 
 def test_notebook_03_shows_sbatch_lines_that_are_in_the_script():
-    """Notebook 03 quotes the essentials of slurm_ddp.sbatch in a markdown block: each quoted
+    """Notebook 07 quotes the essentials of slurm_ddp.sbatch in a markdown block: each quoted
     line must still be a line of the script."""
-    nb = json.loads((SCRIPTS.parent / "03_data_parallelism.ipynb").read_text())
+    nb = json.loads((SCRIPTS.parent / "07_data_parallelism.ipynb").read_text())
     text = next(
         "".join(c["source"])
         for c in nb["cells"]

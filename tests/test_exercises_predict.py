@@ -60,7 +60,7 @@ def test_saved_bytes_counter_catches_double_counted_views():
 
 
 def test_saved_bytes_first_response_to_the_shipped_counter_gives_no_answer():
-    """05a exercise 3 is saved with its first response showing (issue 20 §6): a hint that makes
+    """03 exercise 3 is saved with its first response showing (issue 20 §6): a hint that makes
     the learner look, not the fix (until then it said "count each storage once")."""
 
     def shipped(module, x):  # the exercise cell as it ships

@@ -302,7 +302,7 @@ def test_following_module_rejects_garbage_modules(made):
     assert rejected(creating.check_following_module(lambda f: made))
 
 
-# --- notebooks 03 and 04 --------------------------------------------------------------------
+# --- notebooks 07 and 08 --------------------------------------------------------------------
 
 
 @PROPERTY
@@ -419,7 +419,7 @@ def test_ddp_script_checker_passes_a_right_report():
         parallel.check_ddp_script("ddp.py", REF).assert_passed()
 
 
-# --- notebook 05 ----------------------------------------------------------------------------
+# --- notebook 04 ----------------------------------------------------------------------------
 
 STATE_MODEL = models.MLP(d_in=30, d_hidden=70, d_out=5, depth=2)
 STATE_BYTES = oom.training_state_bytes(STATE_MODEL)
@@ -456,7 +456,7 @@ def test_evaluate_rejects_wrong_answers(result):
     assert rejected(oom.check_evaluate(evaluate))
 
 
-# --- notebook 06 ----------------------------------------------------------------------------
+# --- notebook 05 ----------------------------------------------------------------------------
 
 RIGHT_FP16 = {70000.0: "inf", 60000.0: "ok", 1e-4: "ok", 1e-9: "0"}
 
@@ -529,7 +529,7 @@ def test_accumulated_clipped_step_rejects_wrong_answers(returned, skip):
     assert rejected(precision.check_accumulated_clipped_step(step))
 
 
-# --- notebook 07 ----------------------------------------------------------------------------
+# --- notebook 06 ----------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

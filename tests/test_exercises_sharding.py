@@ -157,7 +157,7 @@ def test_batch_for_passes_the_fix_and_fails_a_changed_bug_with_a_hint_first():
 
 
 def test_batch_for_as_shipped_is_not_an_attempt_and_names_no_bug():
-    """Notebook 08 saves the output of its exercise cell run on the colleague's code: that
+    """Notebook 09 saves the output of its exercise cell run on the colleague's code: that
     output must not say what is wrong (issue 20, spoilers), and it is not attempt 1."""
     for _ in range(2):
         fb = check_batch_for(buggy)

@@ -36,7 +36,7 @@ def _report(check: gpu_check.Check) -> dict:
         notebooks=[
             {"name": "00_start_here.ipynb", "passed": True, "seconds": 12.0},
             {
-                "name": "06_mixed_precision_and_cudnn.ipynb",
+                "name": "05_mixed_precision_and_cudnn.ipynb",
                 "passed": False,
                 "seconds": 30.0,
                 "cell": 45,
@@ -122,7 +122,7 @@ def test_summary_says_what_failed_and_the_goals(tmp_path):
     assert text.startswith("# GPU check: NVIDIA H200, ")
     assert "compute capability 9.0, 139.7 GiB, 1 GPU(s), driver 580.159.03" in text
     assert (
-        "| 06_mixed_precision_and_cudnn.ipynb | **FAILED** | 30 s | cell 45: AssertionError" in text
+        "| 05_mixed_precision_and_cudnn.ipynb | **FAILED** | 30 s | cell 45: AssertionError" in text
     )
     assert "| bf16 autocast step vs fp32 without TF32 >= 2.5 | missed by 16% short | 2.1 |" in text
     assert "181 torch names" in text and "(**incomplete**" in text

@@ -1,5 +1,5 @@
-"""The GPU-only demo scripts notebooks 01 and 06 run (issue 20 §3, "Compact"):
-notebooks/scripts/transfer_gpu.py (01) and cudnn_benchmark.py (06).
+"""The GPU-only demo scripts notebooks 01 and 05 run (issue 20 §3, "Compact"):
+notebooks/scripts/transfer_gpu.py (01) and cudnn_benchmark.py (05).
 
 Without CUDA each demo must refuse in one sentence (the notebook never calls them then, but a
 learner running the script does), and every demo the notebook calls must exist."""

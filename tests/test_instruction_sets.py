@@ -5,7 +5,7 @@ products in oneDNN; one without runs PyTorch's own kernels. ``ONEDNN_MAX_CPU_ISA
 the second path on a CPU of the first kind (oneDNN reads it once, at start). It cannot emulate
 the other direction (native bf16 on a CPU without it), nor ATen's own vectorized kernels, which
 ``ATEN_CPU_CAPABILITY`` chooses. ``make test`` runs the notebooks on whatever CPU it has; this
-runs notebooks 06 and 07, whose cells use bf16 on the CPU, once more under strict nbval with
+runs notebooks 05 and 06, whose cells use bf16 on the CPU, once more under strict nbval with
 oneDNN held to AVX2. On a CPU without native bf16 both runs take the same path.
 """
 
@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT
 
 NOTEBOOKS = [
-    "notebooks/06_mixed_precision_and_cudnn.ipynb",
-    "notebooks/07_capstone_make_it_fit.ipynb",
+    "notebooks/05_mixed_precision_and_cudnn.ipynb",
+    "notebooks/06_capstone_make_it_fit.ipynb",
 ]
 
 

@@ -80,7 +80,7 @@ def test_malformed_files_are_passed_over_for_an_older_good_one(tmp_path, text):
 
 
 def test_the_gpu_results_pass_over_a_slurm_record_quietly(tmp_path):
-    # every GPU placeholder in 00, 01, 05 and 06 printed "Skipped in docs/results (could not be
+    # every GPU placeholder in 00, 01, 04 and 05 printed "Skipped in docs/results (could not be
     # read): slurm-two-node-2026-12-01.json": the GPU reader took the Slurm record for a bad GPU run
     from tutorial_utils import recorded
 

@@ -1,4 +1,4 @@
-"""Pins what notebook 08 relies on from FSDP2, ZeroRedundancyOptimizer and DTensor on gloo.
+"""Pins what notebook 09 relies on from FSDP2, ZeroRedundancyOptimizer and DTensor on gloo.
 
 FSDP2 on gloo has sharp edges (pytorch#132471: a segfault); these launches fail loudly if a torch
 upgrade changes what the notebook's scripts measure: the bytes each rank holds, the collectives

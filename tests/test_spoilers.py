@@ -169,9 +169,9 @@ def test_saved_widgets_show_a_sentence_not_a_repr(prefix):
     assert not object_reprs(_cells(prefix))
 
 
-def test_07_section_5_does_not_say_which_combination_fits():
+def test_06_section_5_does_not_say_which_combination_fits():
     (table,) = [
-        c for c in _cells("07") if "measure_combinations(solution_step" in "".join(c["source"])
+        c for c in _cells("06") if "measure_combinations(solution_step" in "".join(c["source"])
     ]
     out = _text(table)
     assert out and "fits" not in out and "of budget" not in out, out

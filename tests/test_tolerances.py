@@ -24,7 +24,7 @@ common = load_file(SCRIPTS / "common.py", "common")
 # Xeon (issue 30's table; this machine measured the same 1.18e-5 with nothing set, 1.03e-5 with
 # ATEN_CPU_CAPABILITY=default and 1.2e-6 with MKL_CBWR=COMPATIBLE, on 2026-12-02).
 FSDP_ADAM_WEIGHT_GAPS = {"MKL AVX-512": 1.18e-5, "ATen default": 1.03e-5, "MKL AVX2": 7.5e-6}
-OLD_FSDP_BOUND = 1e-5  # what notebook 03 asserted before: chosen from what one machine printed
+OLD_FSDP_BOUND = 1e-5  # what notebook 07 asserted before: chosen from what one machine printed
 
 
 def test_a_sum_bound_is_two_orders_of_n_roundings():
@@ -141,7 +141,7 @@ def test_the_bf16_bound_is_six_roundings_per_layer_and_below_a_missing_average()
 
 
 def test_the_old_forward_peak_rule_failed_on_a_run_that_the_hook_count_settles():
-    # Notebook 08 used to compare the forward peaks of ZeRO-2 and ZeRO-3 (a window in which
+    # Notebook 09 used to compare the forward peaks of ZeRO-2 and ZeRO-3 (a window in which
     # gloo's threads may or may not have freed a buffer) and accept 2 or 3 layers apart, within
     # one activation. A fresh clone on an Intel Xeon saw 1 layer (issue 30: "(263168, 263168)").
     layer, activation = 4 * (256 * 256 + 256), 16 * 256 * 4
@@ -149,4 +149,4 @@ def test_the_old_forward_peak_rule_failed_on_a_run_that_the_hook_count_settles()
     old_rule = [n for n in (2, 3) if abs(kept - n * layer) <= activation + 64]
     assert old_rule == []  # the old check failed on a correct run
     # The new one reads the bytes held as each layer starts, a point the code fixes, and asserts
-    # them exactly: tests/test_sharding_scripts.py and notebook 08 section 1.
+    # them exactly: tests/test_sharding_scripts.py and notebook 09 section 1.

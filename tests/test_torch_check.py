@@ -67,7 +67,7 @@ def test_the_summary_names_each_phase_and_the_failing_cell():
                 "items": [
                     {"name": "00_start_here.ipynb", "passed": True, "seconds": 20.0},
                     {
-                        "name": "05_out_of_memory.ipynb",
+                        "name": "04_out_of_memory.ipynb",
                         "passed": False,
                         "seconds": 90.0,
                         "cell": 89,
@@ -81,7 +81,7 @@ def test_the_summary_names_each_phase_and_the_failing_cell():
     assert text.startswith("# torch 2.11.0: notebooks and unit tests, 2026-12-01")
     assert "torch 2.11.0+cu130 (CUDA 13.0, GPU available: False)" in text
     assert "| notebooks | **FAILED** | 600 s | 7/8 passed |" in text
-    assert "| 05_out_of_memory.ipynb | **FAILED** | 90 s | cell 89: KeyError: 'make_big' |" in text
+    assert "| 04_out_of_memory.ipynb | **FAILED** | 90 s | cell 89: KeyError: 'make_big' |" in text
     assert repr(torch_check.Phase("install", True, 3.2, "reused /v")) == (
         "Phase(install: passed in 3 s, reused /v)"
     )

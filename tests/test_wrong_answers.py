@@ -140,7 +140,7 @@ class _ZerosWithoutDtype(nn.Module):
         return x * self.weight + self.shift + torch.zeros(x.shape, device=x.device)
 
 
-# --- 03, 04 -----------------------------------------------------------------------------------
+# --- 07, 08 -----------------------------------------------------------------------------------
 
 
 def _one_full_backward_and_empty_ones(model, x, y, k):
@@ -226,7 +226,7 @@ def _right_step_in(autocast_dtype):
     return step
 
 
-# --- 05a, 08 ----------------------------------------------------------------------------------
+# --- 03, 09 ----------------------------------------------------------------------------------
 
 
 class NoThenYes(int):
@@ -308,15 +308,15 @@ WRONG = {
     "02 following_module: buffers() stops the check": lambda: creating.check_following_module(
         _stops_in_buffers
     ),
-    "08 zero_bytes: a returned number stops the check": lambda: sharding.check_zero_bytes(
+    "09 zero_bytes: a returned number stops the check": lambda: sharding.check_zero_bytes(
         _zero_stops_the_check
     ),
     # plain values
-    "05a saved_bytes: an int whose __eq__ says yes": lambda: predict.check_saved_bytes(
+    "03 saved_bytes: an int whose __eq__ says yes": lambda: predict.check_saved_bytes(
         _counter_that_lies
     ),
     "00 tensor_bytes: an int whose __eq__ says yes": lambda: start.check_tensor_bytes(LyingInt(1)),
-    "05a parameter_count: an int whose __eq__ says yes": lambda: predict.check_parameter_count(
+    "03 parameter_count: an int whose __eq__ says yes": lambda: predict.check_parameter_count(
         CFG, LyingInt(1)
     ),
     "01 move_batch: tensor subclasses equal to everything": lambda: moving.check_move_batch(
@@ -331,52 +331,52 @@ WRONG = {
     "02 following_module: device= without dtype=": lambda: creating.check_following_module(
         _ZerosWithoutDtype
     ),
-    "03 no_sync: one full backward and k-1 empty ones": lambda: parallel.check_no_sync_step(
+    "07 no_sync: one full backward and k-1 empty ones": lambda: parallel.check_no_sync_step(
         _one_full_backward_and_empty_ones, k=4
     ),
-    "04 split_forward: both stages on the first device": lambda: parallel.check_split_forward(
+    "08 split_forward: both stages on the first device": lambda: parallel.check_split_forward(
         _split_on_first_device, [CPU, CPU]
     ),
-    "06 accumulated step: one backward over the summed losses": lambda: (
+    "05 accumulated step: one backward over the summed losses": lambda: (
         precision.check_accumulated_clipped_step(_one_backward_over_the_sum)
     ),
-    "06 accumulated step: whole batch, scale(loss.detach()) to be counted": lambda: (
+    "05 accumulated step: whole batch, scale(loss.detach()) to be counted": lambda: (
         precision.check_accumulated_clipped_step(_whole_batch_and_detached_scales)
     ),
-    "06 accumulated step: bf16 instead of the dtype given": lambda: (
+    "05 accumulated step: bf16 instead of the dtype given": lambda: (
         precision.check_accumulated_clipped_step(_right_step_in(torch.bfloat16))
     ),
-    "06 accumulated step: no autocast": lambda: precision.check_accumulated_clipped_step(
+    "05 accumulated step: no autocast": lambda: precision.check_accumulated_clipped_step(
         _right_step_in(None)
     ),
-    "08 batch_for: one dp group gets the whole batch": lambda: sharding.check_batch_for(
+    "10 batch_for: one dp group gets the whole batch": lambda: sharding.check_batch_for(
         _one_group_gets_everything
     ),
-    "08 batch_for: every row twice": lambda: sharding.check_batch_for(_every_row_twice),
-    "08 zero_bytes: ZeRO-2 shards the parameters": lambda: sharding.check_zero_bytes(
+    "10 batch_for: every row twice": lambda: sharding.check_batch_for(_every_row_twice),
+    "09 zero_bytes: ZeRO-2 shards the parameters": lambda: sharding.check_zero_bytes(
         _zero2_shards_parameters
     ),
     # the analogous plain mistakes of the other checkers
-    "03 bubble: a returned number stops the check": lambda: parallel.check_bubble(
+    "08 bubble: a returned number stops the check": lambda: parallel.check_bubble(
         lambda p, m: StopsTheCheck(0.5)
     ),
-    "03 bubble: a float whose comparisons lie": lambda: parallel.check_bubble(
+    "08 bubble: a float whose comparisons lie": lambda: parallel.check_bubble(
         lambda p, m: LyingFloat(0.5)
     ),
-    "03 sampler_padding: ints whose __eq__ says yes": lambda: parallel.check_sampler_padding(
+    "07 sampler_padding: ints whose __eq__ says yes": lambda: parallel.check_sampler_padding(
         LyingInt(1), LyingInt(1)
     ),
-    "03 allreduce_counts: ints whose __eq__ says yes": lambda: parallel.check_allreduce_counts(
+    "07 allreduce_counts: ints whose __eq__ says yes": lambda: parallel.check_allreduce_counts(
         LyingInt(1), LyingInt(1)
     ),
-    "05 training_state_bytes: an int whose __eq__ says yes": lambda: oom.check_training_state_bytes(
+    "04 training_state_bytes: an int whose __eq__ says yes": lambda: oom.check_training_state_bytes(
         nn.Linear(4, 4), LyingInt(1)
     ),
-    "06 fp16_survival: strings equal to every fate": lambda: precision.check_fp16_survival(
+    "05 fp16_survival: strings equal to every fate": lambda: precision.check_fp16_survival(
         _fp16_guess_that_lies()
     ),
     "00 peak_of: a typed number": lambda: start.check_peak_of(lambda fn, device: 8 << 20),
-    "07 fastest_fit: a name equal to every name": lambda: capstone.check_fastest_fit(
+    "06 fastest_fit: a name equal to every name": lambda: capstone.check_fastest_fit(
         LyingStr("slow"),
         {"slow": 10, "fast": 5, "big": 99},
         {"slow": 2.0, "fast": 1.0, "big": 0.5},

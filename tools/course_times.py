@@ -242,15 +242,19 @@ class Syllabus:
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The scale-out part, after the capstone: no syllabus below has room for it in the day.
-SCALE_OUT = ("08_sharding.ipynb",)
+SCALE_OUT = (
+    "08_model_parallelism.ipynb",
+    "09_zero_and_fsdp2.ipynb",
+    "10_tensor_and_sequence_parallelism.ipynb",
+)
 # The exercises a full day keeps in the room: one per notebook, the rest homework.
 FULL_DAY_CUTS = {
-    # 03's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
+    # 07's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
     # a terminal: reading, or a demo from the instructor's screen
-    "03_data_parallelism.ipynb": ("3.",),
+    "07_data_parallelism.ipynb": ("3.",),
 }
 #: Notebooks the full day leaves for homework or a second day (none since the editorial pass:
-#: 00-07 and 05a fit in the day's teaching time).
+#: 00-07 and 03 fit in the day's teaching time).
 SECOND_DAY: tuple[str, ...] = ()
 
 
@@ -267,11 +271,11 @@ SYLLABI: tuple[Syllabus, ...] = (
         (
             Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), note="live"),
             Part("00_start_here.ipynb", ("Exercises",), exercises=1),
-            Part("05_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
-            Part("05_out_of_memory.ipynb", ("Exercises",), exercises=1),
+            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
+            Part("04_out_of_memory.ipynb", ("Exercises",), exercises=1),
         ),
-        "notebooks 01-04, 05a, 06 and 07, 05's sections 4 and 5 and the other exercises (give "
-        "them as homework); the scale-out notebook 08",
+        "notebooks 01-04, 03, 05 and 06, 04's sections 4 and 5 and the other exercises (give "
+        "them as homework); the scale-out notebook 09",
         slack_min=10,
     ),
     Syllabus(
@@ -283,11 +287,11 @@ SYLLABI: tuple[Syllabus, ...] = (
             Part("01_moving_tensors.ipynb", None, exercises=1),
             Part("02_creating_tensors_on_the_right_device.ipynb", None, exercises=1),
             # 05's section 5, the clinic of planted bugs: homework
-            Part("05_out_of_memory.ipynb", None, exercises=1, leave_out=("5.",)),
-            Part("06_mixed_precision_and_cudnn.ipynb", None, exercises=1),
+            Part("04_out_of_memory.ipynb", None, exercises=1, leave_out=("5.",)),
+            Part("05_mixed_precision_and_cudnn.ipynb", None, exercises=1),
         ),
-        "notebooks 03, 04, 05a and 07, 05's section 5 (the clinic) and the other exercises of "
-        "each notebook taught (homework, in that order); the scale-out notebook 08",
+        "notebooks 07, 08, 03 and 06, 04's section 5 (the clinic) and the other exercises of "
+        "each notebook taught (homework, in that order); the scale-out notebook 09",
         slack_min=20,
     ),
     Syllabus(
@@ -295,8 +299,8 @@ SYLLABI: tuple[Syllabus, ...] = (
         510,
         90,
         tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
-        "all but one exercise of each notebook (homework); 03's section 3, multi-node and "
-        "Slurm (reading, or a demo on `make cluster`); the scale-out notebook 08 (a second day)",
+        "all but one exercise of each notebook (homework); 07's section 3, multi-node and "
+        "Slurm (reading, or a demo on `make cluster`); the scale-out notebook 09 (a second day)",
         slack_min=30,
     ),
 )

@@ -1,7 +1,7 @@
 """Run a command and report the peak memory of its whole process tree (the Binder budget check).
 
     python tools/peak_memory.py -- \
-        .venv/bin/python tools/run_notebooks.py --cpu notebooks/05_out_of_memory.ipynb
+        .venv/bin/python tools/run_notebooks.py --cpu notebooks/04_out_of_memory.ipynb
     python tools/peak_memory.py --json out.json --interval 0.05 -- CMD ARGS...
 
 Binder gives a session about 2 GB, counted over every process of the session: the Jupyter

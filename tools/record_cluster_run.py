@@ -1,4 +1,4 @@
-"""Record a real two-node Slurm run of the course's script, for notebook 03 to show.
+"""Record a real two-node Slurm run of the course's script, for notebook 07 to show.
 
     .venv/bin/python tools/record_cluster_run.py          # as root; about a minute
 
@@ -139,7 +139,7 @@ def main() -> int:
         "",
         f"{record['slurm']}, torch {record['torch']}, Python {record['python']}; "
         f"{record['machine']}. Cluster up in {record['cluster_start_seconds']} s "
-        "(`tools/cluster.py`). Written by `tools/record_cluster_run.py`; notebook 03 shows it.",
+        "(`tools/cluster.py`). Written by `tools/record_cluster_run.py`; notebook 07 shows it.",
         "",
         "```",
         *sinfo,

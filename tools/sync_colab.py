@@ -30,7 +30,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 BADGE_RE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)\n*")
 SETUP_MARK = "# Colab only:"
 
-#: Notebooks whose GPU cells show something a CPU cannot, on the one GPU Colab gives. 03 and 04
+#: Notebooks whose GPU cells show something a CPU cannot, on the one GPU Colab gives. 07 and 08
 #: are left out on purpose: with one GPU they do what they do on a CPU (their GPU paths need
 #: two or more), so a GPU runtime would spend the learner's Colab quota for nothing.
 NEEDS_GPU = frozenset(
@@ -38,9 +38,9 @@ NEEDS_GPU = frozenset(
         "00_start_here.ipynb",
         "01_moving_tensors.ipynb",
         "02_creating_tensors_on_the_right_device.ipynb",
-        "05_out_of_memory.ipynb",
-        "06_mixed_precision_and_cudnn.ipynb",
-        "07_capstone_make_it_fit.ipynb",
+        "04_out_of_memory.ipynb",
+        "05_mixed_precision_and_cudnn.ipynb",
+        "06_capstone_make_it_fit.ipynb",
     }
 )
 

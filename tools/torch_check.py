@@ -46,7 +46,7 @@ FLOOR = "2.11.0"  # pyproject's torch>=2.11 (torch_api_check.TESTED_FLOOR)
 NBVAL_ARGS = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
 UNIT_MARKERS = "not slow or guard"  # what make test runs
 INSTALL_TIMEOUT_S = 3600  # a CUDA build is several GB to download
-NOTEBOOK_TIMEOUT_S = 1800  # one notebook, all its cells (03, 04, 06, 07 take minutes on 2 cores)
+NOTEBOOK_TIMEOUT_S = 1800  # one notebook, all its cells (07, 08, 05, 06 take minutes on 2 cores)
 TESTS_TIMEOUT_S = 1800
 _VERSION = re.compile(r"\d+\.\d+(\.\d+)?([a-z]+\d+)?(\.post\d+|\.dev\d+)?(\+[\w.]+)?")
 

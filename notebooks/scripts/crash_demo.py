@@ -1,4 +1,4 @@
-"""A job in which one rank fails: notebook 03 launches it to show what launch() does then."""
+"""A job in which one rank fails: notebook 07 launches it to show what launch() does then."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Notebook 06's cuDNN measurement: a convolution with ``cudnn.benchmark`` off and on, for one
+"""Notebook 05's cuDNN measurement: a convolution with ``cudnn.benchmark`` off and on, for one
 fixed input shape and for a shape that changes every call. Needs a CUDA GPU with cuDNN; without
 one it raises one sentence. ``python scripts/cudnn_benchmark.py`` prints the medians."""
 
@@ -17,7 +17,7 @@ def benchmark_modes() -> dict[str, timing.Timing]:
     default (benchmark off) afterwards."""
     if not (torch.cuda.is_available() and torch.backends.cudnn.is_available()):
         raise RuntimeError(
-            "this measurement needs a CUDA GPU with cuDNN: run notebook 06 on a GPU runtime"
+            "this measurement needs a CUDA GPU with cuDNN: run notebook 05 on a GPU runtime"
         )
     conv = nn.Conv2d(64, 64, 3, padding=1).to("cuda")
     fixed = torch.randn(32, 64, 56, 56, device="cuda")

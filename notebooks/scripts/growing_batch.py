@@ -1,5 +1,5 @@
 """A loop whose batch grows by one every step, on the GPU: prints the allocator's peak reserved
-and allocated bytes as JSON. Notebook 05 runs it without and with expandable_segments."""
+and allocated bytes as JSON. Notebook 04 runs it without and with expandable_segments."""
 
 import json
 

@@ -6,7 +6,7 @@ Rank 0 runs the first half of the layers, rank 1 the second half and the loss. G
 every micro-batch forward (rank 0 sends each activation as soon as it has it, so rank 1 can
 start while rank 0 computes the next one), then every backward (rank 1 sends each input
 gradient back). Each rank records when it computed what (wall clock, shared by the processes
-of one machine), for the timeline in notebook 04, and checks its gradients against one
+of one machine), for the timeline in notebook 08, and checks its gradients against one
 process doing the whole batch.
 """
 

@@ -1,4 +1,4 @@
-"""Timing a model split over two devices, for notebook 04 (imported, not launched).
+"""Timing a model split over two devices, for notebook 08 (imported, not launched).
 
 A step's work is recorded as events ``(stage, "F" or "B", micro-batch, start, end)``, in
 seconds. ``timed_step`` measures them on the notebook's two devices (GPUs, or CPU stand-ins);

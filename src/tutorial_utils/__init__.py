@@ -23,7 +23,7 @@ Each module has one job:
 * ``calculator``: that calculator as a widget (a knob per input, the bar redrawn per change)
 * ``listing``: the named functions of a script, shown instead of the whole file
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
-* ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 03
+* ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 07
 * ``published``: GPU figures published by others, quoted with source, hardware and date
 * ``doctor``: the environment as a table, and ``--require`` for a workshop preflight
 * ``lab``: ``make lab``, JupyterLab on 127.0.0.1 with a private token

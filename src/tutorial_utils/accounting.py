@@ -938,7 +938,7 @@ class _AllocatorRecorder:
 
         # (state, report_input_shapes, profile_memory, with_stack, with_flops, with_modules, ...)
         # Kineto reads its log level once, when the first profiler starts in the process: set
-        # the quiet level notebook 05 uses (unless the user chose one), or every later
+        # the quiet level notebook 04 uses (unless the user chose one), or every later
         # torch.profiler run in the session prints a start and a stop line on stderr.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         config = ProfilerConfig(

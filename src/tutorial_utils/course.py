@@ -26,13 +26,14 @@ MINUTES: dict[str, int] = {
     "00_start_here.ipynb": 35,
     "01_moving_tensors.ipynb": 45,
     "02_creating_tensors_on_the_right_device.ipynb": 35,
-    "03_data_parallelism.ipynb": 55,
-    "04_model_parallelism.ipynb": 45,
-    "05_out_of_memory.ipynb": 55,
-    "05a_where_memory_goes.ipynb": 70,
-    "06_mixed_precision_and_cudnn.ipynb": 60,
-    "07_capstone_make_it_fit.ipynb": 45,
-    "08_sharding.ipynb": 110,
+    "03_where_memory_goes.ipynb": 70,
+    "04_out_of_memory.ipynb": 55,
+    "05_mixed_precision_and_cudnn.ipynb": 60,
+    "06_capstone_make_it_fit.ipynb": 45,
+    "07_data_parallelism.ipynb": 65,
+    "08_model_parallelism.ipynb": 40,
+    "09_zero_and_fsdp2.ipynb": 45,
+    "10_tensor_and_sequence_parallelism.ipynb": 55,
 }
 # END MINUTES
 
@@ -43,7 +44,11 @@ class Notebook:
     title: str
     minutes: int  # time a learner needs, reading and running every cell (MINUTES)
     runs_on: str  # where every cell runs for real
+    track: str  # "one device" (00-06, ending in capstone 1) or "several devices" (07-11)
 
+
+#: The two tracks, in order; each ends in a capstone.
+TRACKS = ("one device", "several devices")
 
 NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook(
@@ -51,60 +56,77 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Start here: the environment, the gauge, what the numbers mean",
         MINUTES["00_start_here.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
+        "one device",
     ),
     Notebook(
         "01_moving_tensors.ipynb",
         "Moving tensors between devices",
         MINUTES["01_moving_tensors.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
+        "one device",
     ),
     Notebook(
         "02_creating_tensors_on_the_right_device.ipynb",
         "Creating tensors on the right device",
         MINUTES["02_creating_tensors_on_the_right_device.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
+        "one device",
     ),
     Notebook(
-        "03_data_parallelism.ipynb",
-        "Data parallelism: DataParallel, DDP with torchrun, FSDP2",
-        MINUTES["03_data_parallelism.ipynb"],
-        "CPU (gloo), 2+ GPUs (NCCL)",
-    ),
-    Notebook(
-        "04_model_parallelism.ipynb",
-        "Model parallelism and pipelines",
-        MINUTES["04_model_parallelism.ipynb"],
-        "CPU (gloo), 2+ GPUs",
-    ),
-    Notebook(
-        "05_out_of_memory.ipynb",
-        "Out-of-memory troubleshooting",
-        MINUTES["05_out_of_memory.ipynb"],
-        "CPU (budget), 1 GPU (real OOM)",
-    ),
-    Notebook(
-        "05a_where_memory_goes.ipynb",
+        "03_where_memory_goes.ipynb",
         "Where memory goes: predict, measure, reconcile",
-        MINUTES["05a_where_memory_goes.ipynb"],
+        MINUTES["03_where_memory_goes.ipynb"],
         "CPU (every formula and tool), 1 GPU (snapshot on OOM)",
+        "one device",
     ),
     Notebook(
-        "06_mixed_precision_and_cudnn.ipynb",
+        "04_out_of_memory.ipynb",
+        "Out-of-memory troubleshooting",
+        MINUTES["04_out_of_memory.ipynb"],
+        "CPU (budget), 1 GPU (real OOM)",
+        "one device",
+    ),
+    Notebook(
+        "05_mixed_precision_and_cudnn.ipynb",
         "Mixed precision and cuDNN settings",
-        MINUTES["06_mixed_precision_and_cudnn.ipynb"],
+        MINUTES["05_mixed_precision_and_cudnn.ipynb"],
         "CPU (bf16), 1 GPU (fp16, bf16, TF32, cuDNN)",
+        "one device",
     ),
     Notebook(
-        "07_capstone_make_it_fit.ipynb",
-        "Capstone: make it fit",
-        MINUTES["07_capstone_make_it_fit.ipynb"],
+        "06_capstone_make_it_fit.ipynb",
+        "Capstone 1: make it fit",
+        MINUTES["06_capstone_make_it_fit.ipynb"],
         "CPU (budget), 1 GPU",
+        "one device",
     ),
     Notebook(
-        "08_sharding.ipynb",
-        "Sharding: ZeRO, FSDP2, tensor and sequence parallelism",
-        MINUTES["08_sharding.ipynb"],
+        "07_data_parallelism.ipynb",
+        "Data parallelism: DataParallel, DDP, torchrun and Slurm",
+        MINUTES["07_data_parallelism.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
+        "several devices",
+    ),
+    Notebook(
+        "08_model_parallelism.ipynb",
+        "Model parallelism and pipelines",
+        MINUTES["08_model_parallelism.ipynb"],
+        "CPU (gloo), 2+ GPUs",
+        "several devices",
+    ),
+    Notebook(
+        "09_zero_and_fsdp2.ipynb",
+        "ZeRO and FSDP2: sharding the training state",
+        MINUTES["09_zero_and_fsdp2.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL)",
+        "several devices",
+    ),
+    Notebook(
+        "10_tensor_and_sequence_parallelism.ipynb",
+        "Tensor and sequence parallelism, the 2-D mesh, which parallelism when",
+        MINUTES["10_tensor_and_sequence_parallelism.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL)",
+        "several devices",
     ),
 )
 

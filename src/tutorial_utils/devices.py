@@ -383,7 +383,7 @@ class Capabilities:
     def _cc_at_least(self, major: int, minor: int = 0) -> bool:
         return self.kind == "cuda" and (self.compute_capability or (0, 0)) >= (major, minor)
 
-    # ------------------------------------------------------------------ precision (05, 06, 07)
+    # ------------------------------------------------------------------ precision (04, 05, 06)
     @property
     def tensor_cores(self) -> bool:
         """fp16 Tensor Cores: compute capability 7.0 (Volta) and newer."""
@@ -444,7 +444,7 @@ class Capabilities:
                 f"unknown speed claim {claim!r}; the course makes these: {', '.join(SPEED_CLAIMS)}"
             ) from None
 
-    # ---------------------------------------------------------- memory, budgets (00, 05, 07)
+    # ---------------------------------------------------------- memory, budgets (00, 04, 06)
     @property
     def memory_device(self) -> torch.device:
         """Where memory is measured exactly: the GPU's allocator on CUDA, the CPU elsewhere.
@@ -516,7 +516,7 @@ class Capabilities:
             return True
         return nbytes <= self.budget_bytes(share)
 
-    # ------------------------------------------------------------------ several devices (03, 04)
+    # ------------------------------------------------------------------ several devices (07, 08)
     def ddp_backend(self, nproc: int = 2) -> str:
         """NCCL when every process gets its own GPU, gloo otherwise."""
         return "nccl" if self.kind == "cuda" and self.gpu_count >= nproc else "gloo"

@@ -1,4 +1,4 @@
-"""Two-node Slurm runs recorded on the course's cluster, shown in notebook 03 with their label.
+"""Two-node Slurm runs recorded on the course's cluster, shown in notebook 07 with their label.
 
 ``tools/record_cluster_run.py`` (as root) starts the course's two-node cluster
 (``make cluster``), submits ``notebooks/scripts/slurm_ddp.sbatch`` and writes

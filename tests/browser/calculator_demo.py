@@ -1,6 +1,6 @@
 # %% [markdown]
 # # Calculator browser check
-# Opened by `tests/test_browser.py`: the "will it fit" calculator of notebook 05a; the test
+# Opened by `tests/test_browser.py`: the "will it fit" calculator of notebook 03; the test
 # moves the batch slider with the keyboard and checks that the bar and the verdict redraw.
 
 # %%

@@ -1,4 +1,4 @@
-"""The capstone's grader (notebook 07): does your training step fit the budget, and still train?
+"""The capstone's grader (notebook 06): does your training step fit the budget, and still train?
 
 ``grade(train_step, task)`` runs your ``train_step(model, optimizer, tokens, labels) -> float``
 and reports every problem it finds. Before your step runs, the grader copies the task's batch
@@ -875,8 +875,8 @@ def _grade_calls(
 # peak above the start of the budgeted calls, which also holds Adam's state and the weights of
 # earlier calls). The allocator sees every storage the accountant books, plus the scratch an
 # operator frees inside itself: in the capstone's steps it stays under 0.8x the count (measured:
-# notebook 07's solutions 0.62-0.78x, the MLP of tests/test_exercises_capstone.py 0.62-0.78x);
-# a full-batch step under torch._C._DisableTorchDispatch() shows 1.85x (the MLP) and 12x (07).
+# notebook 06's solutions 0.62-0.78x, the MLP of tests/test_exercises_capstone.py 0.62-0.78x);
+# a full-batch step under torch._C._DisableTorchDispatch() shows 1.85x (the MLP) and 12x (06).
 _HIDDEN_FACTOR = 1.25
 _HIDDEN_SLACK = 64 << 10
 
@@ -1046,7 +1046,7 @@ def check_fastest_fit(choice: object, peaks: dict, seconds: dict, budget_bytes: 
 
 
 # -----------------------------------------------------------------------------
-# The task's worked solution (notebook 07 section 5 measures its options; read it after trying)
+# The task's worked solution (notebook 06 section 5 measures its options; read it after trying)
 
 
 def solution_step(
@@ -1069,7 +1069,7 @@ def solution_step(
     _solution_calls += 1  # the grader refuses a step that calls it, where that is the task
     if not all(hasattr(model, name) for name in ("embed", "encoder", "head")):
         raise ValueError(
-            "solution_step runs the pieces of notebook 07's TinyTransformer (embed, encoder, "
+            "solution_step runs the pieces of notebook 06's TinyTransformer (embed, encoder, "
             f"head); {type(model).__name__} has other parts"
         )
     k = whole_number(k)

@@ -1,11 +1,11 @@
-"""Checkers for notebook 05 (out-of-memory troubleshooting).
+"""Checkers for notebook 04 (out-of-memory troubleshooting).
 
 ``check_training_state_bytes(model, answer)``: the learner computes, from the parameter
 count, the bytes that fp32 parameters, their gradients and Adam's two moment tensors take
 (with or without Adam's 4-byte ``step`` counter per tensor: both answers pass).
 The checker compares with the exact number and, when the answer is off by a recognisable
 factor, says which part was forgotten. (No notebook asks it since issue 20's editorial pass:
-05's first exercise was answered by the cell above it, and 05a §2 now teaches the count.)
+04's first exercise was answered by the cell above it, and 03 §2 now teaches the count.)
 
 ``check_evaluate(evaluate)``: the learner fixes an evaluation loop,
 ``evaluate(model, batches) -> float``. The checker runs it under ``memory.measure`` on a

@@ -1,4 +1,4 @@
-"""Checkers for notebooks 03 (data parallelism) and 04 (model parallelism).
+"""Checkers for notebooks 07 (data parallelism) and 08 (model parallelism).
 
 * ``check_ddp_script``: runs the learner's DDP script for real (2 processes, ``launch``) and
   compares what it reports with single-process training the notebook computed.
@@ -15,7 +15,7 @@ A bug-hunt exercise starts from code that is wrong on purpose; run as shipped, i
 answered yet" (``@checker`` finds it in ``shipped.json``, read from the notebooks), and its hint
 (``shipped_hint``) names no bug, so the saved output gives nothing away.
 * ``check_split_forward``: the learner's forward over two stages on two devices must let the
-  gradient reach the first stage (the bug hunt of notebook 04).
+  gradient reach the first stage (the bug hunt of notebook 08).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
 #: sha256 of ``notebooks/scripts/ddp_exercise.py`` as the course ships it (with its two bugs);
 #: ``tests/test_exercises_parallel.py`` keeps it equal to the file.
 #: ddp_exercise.py against one process after its 3 epochs: 12 SGD steps, each summing 8 and 32
-#: products and 16 samples in another order (notebook 03, check 2), relative to the largest weight.
+#: products and 16 samples in another order (notebook 07, check 2), relative to the largest weight.
 DDP_RUN_RTOL = 12 * 2 * (8 + 32 + 16) * 2.0**-24
 DDP_EXERCISE_SHA256 = "88e558300257f8643118444c386def6130e6b2ee1f5c8ded34263251a5c59289"
 
@@ -126,7 +126,7 @@ def check_ddp_script(
 
     The script reports (``report()`` in ``scripts/common.py``) ``orders``: the sample indices this
     rank saw, per epoch, and ``params``: its final parameters, flattened. They must be within
-    ``rtol`` of ``reference_params``, relative to the largest (notebook 03's check 2 derives it).
+    ``rtol`` of ``reference_params``, relative to the largest (notebook 07's check 2 derives it).
     """
     purpose = "check_ddp_script"
     nproc = _positive_int(nproc, "nproc", purpose)
@@ -525,7 +525,7 @@ def check_microbatch_step(
     """``step(model, x, y, m)`` must leave in ``.grad`` the full batch's MSE gradients (see
     ``_check_microbatch_step``), within ``rtol`` of the largest (by default the rounding of a sum
     as long as all the model's parameters and the batch together: no sum in it is longer).
-    Notebook 04's starting code (right only when the micro-batches are equal) run as shipped on
+    Notebook 08's starting code (right only when the micro-batches are equal) run as shipped on
     uneven ones is not an answer yet."""
     return _check_microbatch_step(step, model, x, y, m, rtol)
 

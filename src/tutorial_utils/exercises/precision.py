@@ -1,4 +1,4 @@
-"""Checkers for notebook 06 (mixed precision and cuDNN).
+"""Checkers for notebook 05 (mixed precision and cuDNN).
 
 ``check_fp16_survival(guess)``: the learner predicts what each number becomes in fp16
 (``"inf"``, ``"0"`` or ``"ok"``); the checker converts the numbers for real and says which
@@ -35,7 +35,7 @@ __all__ = [
 
 _FATES = ("inf", "0", "ok")
 
-FP16_VALUES = (70000.0, 60000.0, 1e-4, 1e-9)  # what notebook 06 asks about
+FP16_VALUES = (70000.0, 60000.0, 1e-4, 1e-9)  # what notebook 05 asks about
 
 
 def fp16_fate(value: float) -> str:

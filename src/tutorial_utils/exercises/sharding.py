@@ -1,4 +1,4 @@
-"""Checkers for notebook 08 (sharding: ZeRO, FSDP2, tensor parallelism, a 2-D mesh).
+"""Checkers for notebook 09 (sharding: ZeRO, FSDP2, tensor parallelism, a 2-D mesh).
 
 * ``check_zero_bytes``: the learner's ``zero_bytes(stage, psi, n, k)``, the bytes a rank holds
   under DDP (stage 0) and ZeRO-1, -2, -3, for fp32 parameters and gradients and ``k`` bytes of
