@@ -596,13 +596,6 @@ def _compare_grads(
         fb.stop()
 
 
-def _loss_value(loss: object) -> float | None:
-    """The loss a step returned, as a finite float: a number or a one-element tensor."""
-    if isinstance(loss, torch.Tensor):
-        return tensor_number(loss)
-    return finite_number(loss)
-
-
 def grade(
     train_step: Callable,
     task: CapstoneTask,
@@ -753,7 +746,9 @@ def _grade_calls(
             for i in range(task.steps):
                 calls.append(_Call([_host(p) for p in model.parameters()]))
                 counting.new_call()
-                with threads, recorder or nullcontext(), _marked(recorder):
+                # the recorder's phase for one call: its peak is read with peaks()
+                mark = recorder.mark("call") if recorder is not None else nullcontext()
+                with threads, recorder or nullcontext(), mark:
                     loss = fb.run(
                         f"{step} (step {i + 1})",
                         train_step,
@@ -768,7 +763,8 @@ def _grade_calls(
                 watch.books()
                 calls[-1].after = [_host(p) for p in model.parameters()]
                 calls[-1].autocast = autocast.clear()
-                value = _loss_value(loss)
+                # the loss as a finite float: a number or a one-element tensor
+                value = tensor_number(loss) if torch.is_tensor(loss) else finite_number(loss)
                 fb.require(
                     value is not None,
                     f"train_step must return the batch's loss as a finite number, not "
@@ -889,11 +885,6 @@ _WRONG_FIX = (
     "optimizer.step() once after the loop, and return the sum of the divided losses "
     "(loss.item() each)"
 )
-
-
-def _marked(recorder: _AllocatorRecorder | None):
-    """The recorder's phase for one call (its peak is read with ``peaks()``), or nothing."""
-    return nullcontext() if recorder is None else recorder.mark("call")
 
 
 class _Threads:
