@@ -179,3 +179,13 @@ def test_more_bytes_than_predicted_names_the_collective():
     # a bound far above what moved says nothing either
     loose = check_plan(ZERO3_K4, train_step, {k: 2 * v for k, v in ZERO3_K4_BYTES.items()})
     assert not loose.passed and "2.0x too high" in loose.problems[0]
+
+
+@pytest.mark.slow
+def test_four_ranks_split_the_state_further_and_move_the_same_bytes():
+    plan = {"shard": "zero3", "micro_batches": 1, "checkpointing": False}
+    predicted = {"all_gather": 2 * 4 * PSI, "reduce_scatter": 4 * PSI}
+    two = check_plan(plan, train_step, predicted)  # over the budget on 2 ranks
+    assert not two.passed and "over the budget" in two.problems[0]
+    four = check_plan(plan, train_step, predicted, nproc=4)
+    assert four.passed, four.problems
