@@ -177,38 +177,66 @@ def _launch_built_a_wrong_command():
     }
 
 
-def _serial_backward_scheduler():
-    """A GPipe scheduler whose backward passes never overlap: each waits for the previous one
-    on every stage. Its idle fraction still falls with m, and is still 0.5 for m = 1."""
+def _replicas_were_detached():
+    """DataParallel's stand-in replicas made with ``.detach()``: no gradient reaches the model."""
+    from torch.nn import functional as F
 
-    def gpipe_schedule(fwd, bwd, m):
-        p, free, done, events = len(fwd), [0.0] * len(fwd), {}, []
-        for i in range(m):
-            for s in range(p):
-                start = max(free[s], done.get(("F", s - 1, i), 0.0))
-                free[s] = done[("F", s, i)] = start + fwd[s]
-                events.append((s, "F", i, start, free[s]))
-        clock = max(free)
-        for i in range(m):
-            for s in reversed(range(p)):
-                start, clock = clock, clock + bwd[s]
-                events.append((s, "B", i, start, clock))
-        return events
+    from tutorial_utils.models import MLP, mlp_batch
 
-    def idle_fraction(events, stage):
-        span = max(e[4] for e in events) - min(e[3] for e in events)
-        return 1 - sum(e[4] - e[3] for e in events if e[0] == stage) / span
-
-    ms = [1, 2, 4, 8, 16]
-    scheduled = {m: gpipe_schedule([1.0, 1.0], [2.0, 2.0], m) for m in ms}
-    sched = {m: sum(idle_fraction(ev, s) for s in range(2)) / 2 for m, ev in scheduled.items()}
+    model = MLP(d_in=16, d_hidden=32, d_out=4, seed=0)
+    x = mlp_batch(batch=8, d_in=16, seed=1)
     return {
-        "gpipe_schedule": gpipe_schedule,
-        "idle_fraction": idle_fraction,
-        "bubble": lambda p, m: (p - 1) / (m + p - 1),
-        "ms": ms,
-        "sched_bubble": sched,
+        "MLP": MLP,
+        "F": F,
+        "devs": devices.demo_devices(2),
+        "model": model,
+        "x": x,
+        "y": torch.randn(8, 4, generator=torch.Generator().manual_seed(2)),
+        "out": model(x),
     }
+
+
+def _step_far_from_its_prediction():
+    """A DDP step 200x what 07's formula predicts (a formula off by orders of magnitude)."""
+    report = {
+        "world": 2,
+        "params": 4198400,
+        "rows_per_rank": 64,
+        "message_bytes": 32 * 2**20,
+        "allreduce_s": 0.05,
+        "sync": 10.0,
+        "no_sync": 5.0,
+        "buckets": 1,
+    }
+    return {
+        "timing": types.SimpleNamespace(reports={0: report}),
+        "flops": 1e11,
+        "machine": "x",
+        "dev": "cpu",
+    }
+
+
+def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
+    """Notebook 08's two stages after GPipe and 1F1B with m = 8, holding ``gpipe_held`` and
+    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right."""
+    m, one = 8, 327_680
+    gpipe_order = [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
+    right = {"max_grad_diff": 0.0, "grad_tol": 1e-3, "left_bytes": 0}
+    reports = {
+        rank: {
+            "compare": {
+                "one_microbatch_bytes": one,
+                "GPipe": {**right, "order": gpipe_order, "peak_bytes": gpipe_held * one},
+                "1F1B": {**right, "order": [], "peak_bytes": f1b_held[rank] * one},
+            }
+        }
+        for rank in range(2)
+    }
+    return {"pipe": types.SimpleNamespace(reports=reports), "cmp_m": m}
+
+
+def test_notebook_08s_activation_check_passes_the_right_counts():
+    _run("08", ("GPipe holds m micro-batches per stage",), _pipeline_activations(8, (2, 1)))
 
 
 def _channels_last_is_a_no_op():
@@ -239,6 +267,58 @@ def _autocast_changes_nothing():
 
 def _deterministic_mode_does_nothing():
     return {"put_error": None, "fresh": torch.zeros(4), "caps": _cpu()}
+
+
+def _picked_fp16_without_a_scaler():
+    """capabilities() picks fp16 and no GradScaler: the tiny gradient underflows."""
+    layer = torch.nn.Linear(16, 1)
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(3))
+    reference = torch.autograd.grad(layer(x).mean() * 1e-6, layer.weight)[0]
+    picked = types.SimpleNamespace(cuda=False, amp_dtype=torch.float16, grad_scaler=False)
+    sys.path.insert(0, str(NOTEBOOKS / "scripts"))
+    import common
+
+    return {
+        "devices": types.SimpleNamespace(capabilities=lambda: picked),
+        "amp_choice": lambda **facts: (torch.float16, False),
+        "facts": {},
+        **{"layer": layer, "x": x, "reference": reference, "dev": "cpu"},
+        **{k: getattr(common, k) for k in ("relative_gap", "sum_bound", "BF16_ROUNDING", "within")},
+    }
+
+
+def _autocast_that_does_nothing(monkeypatch):
+    """torch.autocast turned into a no-op: the autocast rows are fp32's, not the formula's."""
+    import contextlib
+
+    from tutorial_utils import models
+    from tutorial_utils.units import format_bytes
+
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    return {
+        "nn": torch.nn,
+        "models": models,
+        "format_bytes": format_bytes,
+        **{"device": torch.device("cpu"), "dev": "cpu", "amp_dtype": torch.bfloat16},
+    }
+
+
+def _speed_rows_that_all_run_fp32():
+    """Every row of the speed table runs the same fp32 step: the check of what each ran fails."""
+    model = torch.nn.Linear(4, 4)
+
+    def step():
+        model(torch.ones(2, 4))
+
+    step.model = model
+    names = ("fp32", "TF32 (matmul 'high')", "bf16 autocast", "fp16 autocast", "ConvNet fp32")
+    return {
+        "variants": dict.fromkeys((*names, "ConvNet channels_last"), step),
+        "nn": torch.nn,
+        "caps": _cpu(),
+        "rows": {},
+        "median": {},
+    }
 
 
 def _pinning_per_batch_pays():
@@ -290,8 +370,153 @@ def _cudnn_search_that_costs_nothing():
     return {"cudnn_results": results, "cudnn": torch.backends.cudnn}
 
 
+def _gputil_without_nvidia_smi(monkeypatch):
+    """GPUtil as the guide imagines it: it reads the GPU without starting nvidia-smi."""
+    import GPUtil
+
+    gpu = types.SimpleNamespace(name="read directly", memoryUsed=1234.0)
+    monkeypatch.setattr(GPUtil, "getGPUs", lambda: [gpu])
+    return {"os": __import__("os")}
+
+
+def _cuda_counters_that_see_cpu_tensors(monkeypatch):
+    from tutorial_utils import memory
+    from tutorial_utils.units import format_bytes
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 8 * 2**20)
+    return {"memory": memory, "format_bytes": format_bytes, "MiB": 2**20, "caps": _cpu()}
+
+
+def _a_peak_counter_that_missed_the_spike():
+    spike = types.SimpleNamespace(peak_bytes=0, start_bytes=0)
+    return {"spike": spike, "seen": 0, "MiB": 2**20}
+
+
+def _a_course_with_two_notebooks_05(monkeypatch):
+    """The course before the renumbering: 05 and 05a both printed as "05"."""
+    from tutorial_utils import course
+
+    def nb(filename):
+        return course.Notebook(filename, filename, 1, "CPU", "one device")
+
+    old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
+    monkeypatch.setattr(course, "NOTEBOOKS", old)
+    monkeypatch.setattr(course, "TRACKS", ("one device",))
+    return {}
+
+
+def _a_move_that_copies_nothing(monkeypatch):
+    """``.to(copy=True)`` and ``copy_`` that hand back their tensor without moving a byte."""
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: self)
+    import datetime
+    import statistics
+
+    from torch.utils import benchmark
+
+    names = {"datetime": datetime, "benchmark": benchmark, "statistics": statistics}
+    return {"run_on": torch.device("cpu"), **names}  # what 01 imported in earlier cells
+
+
+def _notebook_03_block() -> dict:
+    """Notebook 03's section 3 cell run for real: its block, ``saved_storages``, ``weight_keys``."""
+    from tutorial_utils import devices, formulas, memory, models
+    from tutorial_utils.decoder import Decoder, DecoderConfig
+    from tutorial_utils.units import format_bytes
+
+    namespace = {
+        "torch": torch,
+        "memory": memory,
+        "models": models,
+        "formulas": formulas,
+        "Decoder": Decoder,
+        "DecoderConfig": DecoderConfig,
+        "format_bytes": format_bytes,
+        "caps": devices.capabilities(),
+    }
+    _run("03", ("def saved_storages(",), namespace)
+    return namespace
+
+
+def _fused_step_with_hooks(monkeypatch=None):
+    """03 section 7's measurement; with ``monkeypatch``, the hooks are never registered."""
+    namespace = _notebook_03_block()
+    if monkeypatch is not None:
+        monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", lambda *a: None)
+    _run("03", ("register_post_accumulate_grad_hook(step_and_free)",), namespace)
+    return namespace
+
+
+def _offloading(monkeypatch=None):
+    """03 section 8's offloader; with ``monkeypatch``, its index holds each storage alive (a
+    plain dict instead of a WeakKeyDictionary: the bug that frees nothing)."""
+    import weakref
+
+    namespace = _notebook_03_block()
+    if monkeypatch is not None:
+        monkeypatch.setattr(weakref, "WeakKeyDictionary", dict)
+    _run("03", ("class OffloadSaved(",), namespace)
+    return namespace
+
+
+FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
+OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
+
+
+@pytest.mark.parametrize(
+    "world, markers", [(_fused_step_with_hooks, FUSED_CHECK), (_offloading, OFFLOAD_CHECK)]
+)
+def test_03_checks_pass_in_the_real_world(world, markers):
+    """The control for the two 03 mutations below: unmutated, the same cells pass."""
+    _run("03", markers, world())
+
+
+def _oom_lab(message: str | None):
+    """Notebook 04's OOM lab where the batch of 8192 fits (``message`` None) or fails on a
+    request other than one (8192, 1024) fp32 activation."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def budget(limit, device):
+        if message is not None:
+            raise torch.OutOfMemoryError(message)
+        yield
+
+    return {
+        "memory": types.SimpleNamespace(budget=budget),
+        "train": lambda batch_size: None,
+        "limit": 0,
+        "device": torch.device("cpu"),
+    }
+
+
 #: case: (notebook, lines that find the check cell, the world in which its claim is false)
 MUTATIONS = {
+    "00 GPUtil starts no nvidia-smi": (
+        "00",
+        ("GPUtil.getGPUs() for _ in range(3)",),
+        _gputil_without_nvidia_smi,
+    ),
+    "00 CUDA's counters see CPU tensors": (
+        "00",
+        ("def cpu_block():",),
+        _cuda_counters_that_see_cpu_tensors,
+    ),
+    "00 the peak counter misses the spike": (
+        "00",
+        ("the peak counter caught the spike",),
+        _a_peak_counter_that_missed_the_spike,
+    ),
+    "00 two notebooks numbered 05": (
+        "00",
+        ("two notebooks share a number",),
+        _a_course_with_two_notebooks_05,
+    ),
+    "01 a move that copies nothing": (
+        "01",
+        ("moving 64 MiB costs time",),
+        _a_move_that_copies_nothing,
+    ),
     "00 doctor names the wrong reason": (
         "00",
         ("caps.plan().items()",),
@@ -314,6 +539,12 @@ MUTATIONS = {
         ("transfer_gpu.hidden_syncs()",),
         _item_that_does_not_synchronize,
     ),
+    "04 the batch of 8192 fits": ("04", ("train(8192)\n",), lambda: _oom_lab(None)),
+    "04 the request that failed is the batch": (
+        "04",
+        ("train(8192)\n",),
+        lambda: _oom_lab("CPU out of memory. Tried to allocate 8.00 MiB for the batch"),
+    ),
     "05 cudnn.benchmark costs nothing": (
         "05",
         ("benchmark=True should pay a search",),
@@ -329,11 +560,30 @@ MUTATIONS = {
         ("persistent=False buffers are not saved",),
         _buffers_ignore_persistent,
     ),
-    "07 launch's command is wrong": ("07", ("without_logs = [",), _launch_built_a_wrong_command),
-    "08 backward never pipelines": (
+    "07 launch's command is wrong": (
+        "07",
+        ("without_logs = [", "get_args_parser().parse_args(ddp.command"),
+        _launch_built_a_wrong_command,
+    ),
+    "07 DataParallel's copies are detached": (
+        "07",
+        ("no gradient reached the model",),
+        _replicas_were_detached,
+    ),
+    "07 a step far from its prediction": (
+        "07",
+        ("not even the order of magnitude",),
+        _step_far_from_its_prediction,
+    ),
+    "08 GPipe frees activations early": (
         "08",
-        ("assert abs(sched_bubble[1]",),
-        _serial_backward_scheduler,
+        ("GPipe holds m micro-batches per stage",),
+        lambda: _pipeline_activations(2, (2, 1)),
+    ),
+    "08 1F1B holds every micro-batch": (
+        "08",
+        ("GPipe holds m micro-batches per stage",),
+        lambda: _pipeline_activations(8, (8, 8)),
     ),
     "05 channels_last does nothing": (
         "05",
@@ -345,11 +595,24 @@ MUTATIONS = {
         ("0 < gap_probe < tol_probe", 'get_float32_matmul_precision() == "highest"'),
         _autocast_changes_nothing,
     ),
+    "05 the picked recipe loses the gradient": (
+        "05",
+        ("gap_picked = relative_gap(",),
+        _picked_fp16_without_a_scaler,
+    ),
+    "05 autocast saves nothing": ("05", ("def saved_for_backward(",), _autocast_that_does_nothing),
+    "05 every speed row runs fp32": (
+        "05",
+        ("step()  # one more call per row",),
+        _speed_rows_that_all_run_fp32,
+    ),
     "05 deterministic mode does nothing": (
         "05",
         ("torch.isnan(fresh)", '"switched back off"'),
         _deterministic_mode_does_nothing,
     ),
+    "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
+    "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
 }
 
 

@@ -544,7 +544,7 @@ COURSE_SCRIPTS = {
     "ddp_exercise.py": [],
     "ddp_exercise_solution.py": [],
     "ddp_practice.py": ["--checkpoint", "{tmp}/ckpt.pt"],
-    "fsdp_shard.py": ["--checkpoint-dir", "{tmp}/dcp"],
+    "fsdp_shard.py": [],  # not launched by a notebook: the smallest FSDP2 script, for a terminal
     "pipeline_by_hand.py": [],
     "pipeline_gpipe.py": [],
     "zero_stages.py": [],
@@ -552,16 +552,17 @@ COURSE_SCRIPTS = {
     "fsdp_depth.py": ["--checkpoint-dir", "{tmp}/dcp"],
     "mesh_2d.py": [],
     "ddp_seen.py": ["--trace-dir", "{tmp}"],
+    "ddp_step_time.py": [],
 }
 NPROC = {"mesh_2d.py": 4}  # a 2 x 2 mesh; every other script runs on 2 ranks
 EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 
 
 def test_every_script_the_course_launches_is_in_the_clean_exit_test():
-    # not torchrun scripts: 04's GPU demos run as a child, 01's, 08's and 05's are imported
-    # in-kernel, 00's and 02's run as one process; crash_demo.py fails on purpose
+    # not torchrun scripts: 04's GPU demos run as a child, 01's, 03's, 08's and 05's are
+    # imported in-kernel, 00's and 02's run as one process; crash_demo.py fails on purpose
     not_launched = {"common.py", "crash_demo.py", "allocator_gpu.py", "growing_batch.py"}
-    in_kernel = {"transfer_gpu.py", "cudnn_benchmark.py", "pipeline_timing.py"}
+    in_kernel = {"transfer_gpu.py", "cudnn_benchmark.py", "pipeline_timing.py", "reconcile.py"}
     single = {"allocator_vs_nvml.py", "cuda_visible_devices.py"}
     launched = {p.name for p in SCRIPTS.glob("*.py")} - not_launched - in_kernel - single
     assert launched == set(COURSE_SCRIPTS)

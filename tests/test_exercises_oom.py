@@ -213,3 +213,136 @@ def test_the_rule_finds_a_halving_retry():
         _halving_retries("def f():\n    try:\n        g()\n    except KeyError:\n        n //= 2\n")
         == []
     )
+
+
+# ----------------------------------------------------------------------------- issue 32
+# Notebook 04 after the v2 renumbering: it follows 03, measures neither checkpointing nor
+# autocast memory (03 and 05 do), teaches chunked cross-entropy with a check that can fail,
+# and shows the allocator calls it runs on a GPU.
+_OOM_NB = "04_out_of_memory.ipynb"
+
+
+def _sources(kind: str) -> list[str]:
+    return ["".join(c["source"]) for c in _cells(_OOM_NB) if c["cell_type"] == kind]
+
+
+def _python_cells() -> list[str]:
+    """The code cells but the Colab setup cell (shell escapes, not Python)."""
+    return [src for src in _sources("code") if not src.startswith("# Colab only")]
+
+
+def _code_cell(marker: str) -> str:
+    (found,) = [src for src in _sources("code") if marker in src]
+    return found
+
+
+def test_04_comes_after_03_and_points_back_to_it() -> None:
+    intro = _sources("markdown")[0]
+    assert "notebook 03" in intro.split("**Prerequisites:**", 1)[1].split("**Where")[0]
+    text = "\n".join(_sources("markdown") + _sources("code"))
+    assert "05a" not in text and "notebook 06" not in text, "old numbers: 03 and 05 now"
+
+
+def test_04_measures_neither_checkpointing_nor_autocast_memory() -> None:
+    """One place per lesson: 03 measures checkpointing, 05 autocast memory. The only
+    checkpoint left here is chunked cross-entropy's, and no breakdown runs under autocast."""
+    for src in _python_cells():
+        tree = ast.parse(src)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.With) and "autocast" in ast.unparse(node.items[0]):
+                assert "breakdown" not in ast.unparse(node), "autocast memory is 05's"
+        calls = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and ast.unparse(n.func) == "checkpoint"
+        ]
+        if calls:
+            assert "def chunked_cross_entropy" in src, "checkpointing is measured in 03"
+
+
+def test_04_states_the_logits_bytes_as_computed() -> None:
+    """Old cell 50 said 16 GiB for 4·s·b·v at s = 4096, b = 8, v = 128 000: it is 15.6 GiB."""
+    assert 4 * 4096 * 8 * 128_000 / 2**30 == 15.625
+    assert not any("16 GiB" in src for src in _sources("markdown") + _sources("code"))
+    assert "format_bytes(4 * 4096 * 8 * 128_000)" in _code_cell("def loss_step(upcast")
+
+
+def test_04_shows_each_allocator_demo_it_runs() -> None:
+    """The helper shows, PyTorch does: a cell that runs scripts/allocator_gpu.py shows the
+    function first (listing.show), on every machine."""
+    ran = 0
+    for src in _python_cells():
+        for name in set(
+            n.attr
+            for n in ast.walk(ast.parse(src))
+            if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "allocator_gpu"
+        ):
+            ran += 1
+            shown = '"scripts/growing_batch.py"' if name == "growing_batch" else f'"{name}"'
+            assert "listing.show(" in src and shown in src, f"{name} runs without being shown"
+    assert ran == 4
+
+
+def _clinic(shape: tuple[int, int, int, int] | None = None, k: int | None = None, **world):
+    """Run notebook 04's logits cells on the CPU (optionally at another shape and chunk count)
+    in a fresh namespace; ``world`` replaces names the cells use."""
+    from torch.utils.checkpoint import checkpoint
+
+    from tutorial_utils import devices, memory
+    from tutorial_utils.units import format_bytes
+
+    caps = devices.Capabilities.machine("cpu")
+    ns = {"torch": torch, "nn": nn, "models": models, "memory": memory, "caps": caps}
+    ns.update(device=torch.device("cpu"), dev="cpu", checkpoint=checkpoint)
+    ns.update(format_bytes=format_bytes, **world)
+    exec(_code_cell("def loss_step(upcast"), ns)
+    if shape is not None:
+        b, s, v, h = shape
+        ns.update(b=b, s=s, v=v, h=h)
+        ns["labels"] = torch.randint(0, v, (b * s,), generator=models.seeded(3))
+    exec(_code_cell("def amp_loss_step("), ns)
+    chunked = _code_cell("def chunked_cross_entropy(")
+    if k is not None:
+        assert "\nk = 4\n" in chunked
+        chunked = chunked.replace("\nk = 4\n", f"\nk = {k}\n")
+    exec(chunked, ns)
+    return ns
+
+
+def test_chunked_cross_entropy_meets_its_prediction_at_other_shapes() -> None:
+    """The notebook's prediction, 12·s·b·v·(1 − 1/k) − 2·v·h to within the hidden states'
+    6·s·b·h, holds at shapes and chunk counts the notebook does not run."""
+    for shape, k in (((2, 128, 5000, 32), 2), ((4, 64, 6000, 96), 8)):
+        ns = _clinic(shape, k)
+        assert abs(ns["drop"] - ns["predicted"]) <= ns["tol_drop_bytes"]
+        assert ns["peak_amp"] == ns["peak_cast"]
+
+
+def test_chunked_check_fails_without_checkpoint() -> None:
+    """Chunks without checkpoint keep every chunk's fp32 log-probabilities for backward: the
+    peak barely drops, and the notebook's check says so."""
+    import pytest
+
+    def no_checkpoint(fn, *args, use_reentrant=None):
+        return fn(*args)
+
+    with pytest.raises(AssertionError) as failed:
+        _clinic(checkpoint=no_checkpoint)
+    assert isinstance(failed.value.args[0], float), "the drop's check (it shows drop - predicted)"
+
+
+def test_autocast_check_fails_when_the_loss_stays_in_bf16() -> None:
+    """A world where cross_entropy is not on autocast's fp32 list (its input stays bf16): the
+    peak without .float() is lower, and the notebook's check fails."""
+    import pytest
+
+    real = nn.functional.cross_entropy
+
+    def bf16_cross_entropy(logits, labels, **kw):
+        with torch.autocast("cpu", enabled=False):
+            return real(logits, labels, **kw)
+
+    functional = type("F", (), {"cross_entropy": staticmethod(bf16_cross_entropy)})
+    fake_nn = type("nn", (), {"functional": functional, "Linear": nn.Linear})
+    with pytest.raises(AssertionError, match="the same peak"):
+        _clinic(nn=fake_nn)

@@ -512,3 +512,142 @@ def test_no_sync_checker_never_hangs_when_its_ddp_models_are_freed(tmp_path):
             b.kill()
             b.wait()
     assert run.returncode == 0 and "done" in run.stdout, run.stderr[-2000:]
+
+
+# ------------------------------------------------ notebook 08: the pipeline model and its counts
+# Notebook 08 shows these as illustrations (its simulator, its replay); the claims are pinned here.
+
+
+def _pipeline_timing():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import pipeline_timing
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return pipeline_timing
+
+
+def _bubble(p: int, m: int) -> float:
+    return (p - 1) / (m + p - 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+def test_gpipe_simulator_with_equal_stages_gives_the_bubble_formula(p, m):
+    pt = _pipeline_timing()
+    events = pt.gpipe_schedule([1.0] * p, [2.0] * p, m)  # backward twice forward
+    idle = [pt.idle_fraction(events, s) for s in range(p)]
+    # a few dozen float64 additions of small whole numbers: exact, or within 1e-12
+    assert all(abs(x - _bubble(p, m)) < 1e-12 for x in idle), (p, m, idle)
+
+
+def _orders_1f1b(p: int, m: int) -> list[list[str]]:
+    """Stage s: p - s warm-up forwards, then one backward and one forward in turn, as
+    torch.distributed.pipelining's Schedule1F1B recorded them in notebook 08 (p = 2, m = 8)."""
+    orders = []
+    for s in range(p):
+        warm = min(p - s, m)
+        order = [f"F{i}" for i in range(warm)]
+        for i in range(m):
+            order.append(f"B{i}")
+            if warm + i < m:
+                order.append(f"F{warm + i}")
+        orders.append(order)
+    return orders
+
+
+def test_the_1f1b_orders_here_are_the_ones_notebook_08_recorded():
+    assert _orders_1f1b(2, 8) == [
+        "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7".split(),
+        "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7".split(),
+    ]
+
+
+@pytest.mark.parametrize("backward", [1.0, 2.0])
+@pytest.mark.parametrize("p, m", [(2, 8), (2, 4), (4, 8)])
+def test_replay_gives_the_formula_for_gpipe_and_1f1b(p, m, backward):
+    pt = _pipeline_timing()
+    gpipe = [[f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]] * p
+    for orders in (gpipe, _orders_1f1b(p, m)):
+        idle = pt.replay(orders, 1.0, backward)
+        assert all(abs(x - _bubble(p, m)) < 1e-12 for x in idle), (orders, idle)
+
+
+def test_replay_sees_an_order_that_does_not_pipeline():
+    """Stage 0 waiting for each backward before the next forward: no overlap, a bigger bubble."""
+    pt = _pipeline_timing()
+    m = 8
+    serial = [x for i in range(m) for x in (f"F{i}", f"B{i}")]
+    idle = pt.replay([serial, serial], 1.0, 2.0)
+    assert min(idle) > 0.4 > _bubble(2, m)
+
+
+def test_measured_steps_put_both_ranks_on_one_clock():
+    pt = _pipeline_timing()
+    run = {"steps": [[("F", 0, 10.0, 10.5, 0.5)], [("F", 0, 20.0, 20.4, 0.3)]]}
+    later = {"steps": [[("F", 0, 10.6, 11.0, 0.4)], [("F", 0, 20.5, 21.0, 0.5)]]}
+    reports = {0: {"runs": {"1": run}}, 1: {"runs": {"1": later}}}
+    first, second = pt.measured_steps(reports, 1)
+    assert [e[:3] + (e[5],) for e in first] == [(0, "F", 0, 0.5), (1, "F", 0, 0.4)]
+    assert [t for e in first for t in e[3:5]] == pytest.approx([0.0, 0.5, 0.6, 1.0])
+    assert pt.span(second) == pytest.approx(1.0)
+    assert pt.overlap_seconds(first) == 0.0
+    assert pt.idle_fraction(first, 1) == pytest.approx(0.6)
+
+
+def test_held_activations_count_one_microbatch_per_forward_until_backward():
+    """What notebook 08's check rests on: the saved-tensor hook books each micro-batch's
+    activations once, holds them until its backward, and frees them all after."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import pipeline_gpipe as pg
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    part = pg.stage_layers(pg.build_model(), 0, 2)
+    x, y = pg.batch()
+    m = 4
+    one = pg.one_microbatch_bytes(part, 0, 2, x, y, m)
+    assert one == 5 * (len(x) // m) * pg.WIDTH * 4  # the input and 4 Tanh outputs, fp32
+    held = pg.HeldActivations(part.parameters())
+    with held.hooks():
+        outs = [part(xm) for xm in x.chunk(m)]
+    assert held.live == held.peak == m * one
+    for out in outs:
+        out.sum().backward()
+    del outs
+    assert held.live == 0
+
+
+# --- notebook 07 after the v2 move (issue 32): one FSDP2 pointer, and its timing script ---
+
+
+def _nb07_sources() -> list[str]:
+    nb = json.loads((SCRIPTS.parent / "07_data_parallelism.ipynb").read_text())
+    return ["".join(c["source"]) for c in nb["cells"]]
+
+
+def test_notebook_07_mentions_fsdp2_once_as_a_pointer_to_09():
+    """FSDP2 is taught in 09 only: 07 may name it in one line, and that line points to 09."""
+    lines = [ln for src in _nb07_sources() for ln in src.splitlines() if "FSDP2" in ln]
+    assert len(lines) == 1 and "notebook 09" in lines[0], lines
+
+
+def test_notebook_07_cites_no_old_numbers():
+    """The v2 renumbering moved 08's DDP internals here: no "notebook 03" or "notebook 08, section
+    8" is left, and the section it points to for buffers exists."""
+    text = "\n".join(_nb07_sources())
+    assert "notebook 03" not in text and "notebook 08, section" not in text
+    assert "## 4. DDP, seen from the inside" in text and "are in section 4" in text
+
+
+@pytest.mark.slow  # a torchrun launch of two ranks
+def test_ddp_step_time_reports_one_bucket_and_both_timings():
+    from tutorial_utils.distributed import launch
+
+    result = launch(SCRIPTS / "ddp_step_time.py", 2, [], 300, echo=None)
+    assert result.returncode == 0, result
+    for rep in result.reports.values():
+        assert rep["world"] == 2 and rep["params"] == 4 * (1024 * 1024 + 1024)
+        assert rep["buckets"] == 1, "the gradients must fit one bucket: nothing overlaps backward"
+        assert rep["message_bytes"] == 32 * 2**20
+        assert all(rep[k] > 0 for k in ("allreduce_s", "sync", "no_sync"))

@@ -1,4 +1,4 @@
-"""The checkers of notebook 05a: right answers pass, typical mistakes fail with the reason."""
+"""The checkers of notebook 03: right answers pass, typical mistakes fail with the reason."""
 
 from __future__ import annotations
 

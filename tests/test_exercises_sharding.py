@@ -1,4 +1,4 @@
-"""Checkers of notebook 08: they pass the reference answers and fail the usual mistakes."""
+"""Checkers of notebooks 09 and 10: they pass the reference answers and fail the usual mistakes."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ MEGATRON = {
 
 
 def test_tp_plan_costs_follow_megatron():
-    assert tp_plan_cost(MEGATRON) == 2  # one all-reduce per sub-block (section 5 measured it)
+    assert tp_plan_cost(MEGATRON) == 2  # one all-reduce per sub-block (notebook 10 measured it)
     assert tp_plan_cost(dict.fromkeys(LINEARS, "colwise")) == 4
     assert tp_plan_cost(dict.fromkeys(LINEARS, "rowwise")) == 6
     assert tp_plan_cost(dict.fromkeys(LINEARS)) == 0  # nothing split: nothing to communicate
@@ -157,7 +157,7 @@ def test_batch_for_passes_the_fix_and_fails_a_changed_bug_with_a_hint_first():
 
 
 def test_batch_for_as_shipped_is_not_an_attempt_and_names_no_bug():
-    """Notebook 09 saves the output of its exercise cell run on the colleague's code: that
+    """Notebook 10 saves the output of its exercise cell run on the colleague's code: that
     output must not say what is wrong (issue 20, spoilers), and it is not attempt 1."""
     for _ in range(2):
         fb = check_batch_for(buggy)

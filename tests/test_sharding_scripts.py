@@ -1,4 +1,4 @@
-"""Pins what notebook 09 relies on from FSDP2, ZeroRedundancyOptimizer and DTensor on gloo.
+"""Pins what notebooks 09 and 10 rely on from FSDP2, ZeroRedundancyOptimizer, DTensor on gloo.
 
 FSDP2 on gloo has sharp edges (pytorch#132471: a segfault); these launches fail loudly if a torch
 upgrade changes what the notebook's scripts measure: the bytes each rank holds, the collectives
@@ -126,11 +126,17 @@ def test_fsdp_depth_prefetch_clip_checkpoint_offload(tmp_path):
         assert clip["clipped_grad_gap"] < 1e-7
         off = rep["offload"]
         assert off["param_device"] == off["grad_device"] == off["state_device"] == "cpu"
-        if not torch.cuda.is_available():  # pinned memory needs an accelerator
+        error = off["default_error"]
+        if torch.cuda.is_available():  # pinned memory exists: the default pin_memory is accepted
+            assert error is None, error
+        else:  # pinned memory needs an accelerator
             # a CPU-only build: "Cannot access accelerator..."; a CUDA build without a driver
             # (torch 2.11+cu130 here): "Found no NVIDIA driver on your system"
-            error = off["default_error"]
             assert "accelerator" in error or "NVIDIA driver" in error, error
+        meta = rep["meta_init"]
+        assert meta["bytes_before_to_empty"] == 0 and meta["max_diff"] == 0.0
+        whole = 4 * 4 * (128 * 128 + 128)  # 4 Linear(128, 128) in fp32
+        assert meta["bytes_after_to_empty"] == meta["full_bytes"] // 2 == whole // 2
     # 2 shards saved, loaded whole in this one process
     expected = torch.load(tmp_path / "expected_full_weights.pt")
     state = {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}
@@ -201,7 +207,7 @@ def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
 
 @pytest.mark.slow
 def test_the_calculators_zero_division_matches_what_each_rank_holds(zero):
-    """fit.shard_model_states against 08's per-rank bytes, every difference named and sized."""
+    """fit.shard_model_states against notebook 09's bytes per rank, every difference named."""
     from tutorial_utils.fit import shard_model_states
 
     counters = 4 * TENSORS  # Adam's 0-d step counters: on every rank, not sharded

@@ -241,26 +241,21 @@ class Syllabus:
 
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
-#: The scale-out part, after the capstone: no syllabus below has room for it in the day.
-SCALE_OUT = (
-    "08_model_parallelism.ipynb",
-    "09_zero_and_fsdp2.ipynb",
-    "10_tensor_and_sequence_parallelism.ipynb",
-)
-# The exercises a full day keeps in the room: one per notebook, the rest homework.
-FULL_DAY_CUTS = {
-    # 07's multi-node section (torchrun across nodes, Slurm, the course's cluster) needs root and
-    # a terminal: reading, or a demo from the instructor's screen
-    "07_data_parallelism.ipynb": ("3.",),
-}
-#: Notebooks the full day leaves for homework or a second day (none since the editorial pass:
-#: 00-07 and 03 fit in the day's teaching time).
-SECOND_DAY: tuple[str, ...] = ()
+#: The two tracks, as course.py orders them: one device (00-06, capstone 1), several devices
+#: (07-11, capstone 2).
+ONE_DEVICE = tuple(n for n in ALL if n[:2] <= "06")
+SEVERAL_DEVICES = tuple(n for n in ALL if n[:2] >= "07")
+#: Sections a day keeps as reading or a demo from the instructor's screen: 07's multi-node
+#: section (torchrun across nodes, Slurm, the course's cluster) needs root and a terminal.
+READING = {"07_data_parallelism.ipynb": ("3.",)}
+#: What the course may take, all of it and each notebook (issue 32: a day's teaching is about
+#: eight hours; a notebook longer than an hour is two notebooks).
+MAX_COURSE_MIN = 480
+MAX_NOTEBOOK_MIN = 60
 
 
-def _full_day_part(name: str) -> Part:
-    cut = FULL_DAY_CUTS.get(name, ())
-    return Part(name, None, exercises=1, leave_out=cut)
+def _day_part(name: str) -> Part:
+    return Part(name, None, exercises=1, leave_out=READING.get(name, ()))
 
 
 SYLLABI: tuple[Syllabus, ...] = (
@@ -271,36 +266,52 @@ SYLLABI: tuple[Syllabus, ...] = (
         (
             Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), note="live"),
             Part("00_start_here.ipynb", ("Exercises",), exercises=1),
-            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), note="live"),
+            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2."), note="live"),
             Part("04_out_of_memory.ipynb", ("Exercises",), exercises=1),
         ),
-        "notebooks 01-04, 03, 05 and 06, 04's sections 4 and 5 and the other exercises (give "
-        "them as homework); the scale-out notebook 09",
+        "the rest of both tracks; give 03 (where memory goes) and the other exercises as "
+        "homework first",
         slack_min=10,
     ),
     Syllabus(
-        "half a day (4 hours)",
-        240,
-        30,
-        (
-            Part("00_start_here.ipynb", None, exercises=1),
-            Part("01_moving_tensors.ipynb", None, exercises=1),
-            Part("02_creating_tensors_on_the_right_device.ipynb", None, exercises=1),
-            # 05's section 5, the clinic of planted bugs: homework
-            Part("04_out_of_memory.ipynb", None, exercises=1, leave_out=("5.",)),
-            Part("05_mixed_precision_and_cudnn.ipynb", None, exercises=1),
-        ),
-        "notebooks 07, 08, 03 and 06, 04's section 5 (the clinic) and the other exercises of "
-        "each notebook taught (homework, in that order); the scale-out notebook 09",
-        slack_min=20,
-    ),
-    Syllabus(
-        "a full day (8.5 hours)",
+        "the one-device track, a day (8.5 hours)",
         510,
         90,
-        tuple(_full_day_part(name) for name in ALL if name not in SCALE_OUT + SECOND_DAY),
+        tuple(_day_part(name) for name in ONE_DEVICE),
+        "all but one exercise of each notebook (homework); the several-devices track (a second "
+        "day)",
+        slack_min=30,
+    ),
+    Syllabus(
+        "the several-devices track, a day (8.5 hours)",
+        510,
+        90,
+        tuple(_day_part(name) for name in SEVERAL_DEVICES),
         "all but one exercise of each notebook (homework); 07's section 3, multi-node and "
-        "Slurm (reading, or a demo on `make cluster`); the scale-out notebook 09 (a second day)",
+        "Slurm (reading, or a demo on `make cluster`); before the day, learners read 01-03 "
+        "(moving and creating tensors, where memory goes)",
+        slack_min=30,
+    ),
+    Syllabus(
+        "both tracks in a day (8.5 hours)",
+        510,
+        90,
+        (
+            Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), exercises=0),
+            Part("03_where_memory_goes.ipynb", ("Intro", "1.", "2.", "3.", "4."), exercises=0),
+            Part("03_where_memory_goes.ipynb", ("Exercises",), exercises=1),
+            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2."), exercises=0),
+            Part("04_out_of_memory.ipynb", ("Exercises",), exercises=1),
+            Part("06_capstone_make_it_fit.ipynb", None, exercises=1),
+            Part("07_data_parallelism.ipynb", ("Intro", "1.", "2."), exercises=0),
+            Part("07_data_parallelism.ipynb", ("Exercises",), exercises=1),
+            Part("09_zero_and_fsdp2.ipynb", ("Intro", "1.", "2."), exercises=0),
+            Part("09_zero_and_fsdp2.ipynb", ("Exercises",), exercises=1),
+            Part("11_capstone_make_it_fit_across_ranks.ipynb", None, exercises=1),
+        ),
+        "the morning is the one-device track's core and capstone 1, the afternoon the "
+        "several-devices track's core and capstone 2; 01, 02, 05, 08 and 10, the other "
+        "sections and exercises are homework, in the course's order",
         slack_min=30,
     ),
 )
@@ -554,7 +565,23 @@ def other_problems(ests: dict[str, Estimate]) -> list[str]:
 def problems(ests: dict[str, Estimate]) -> list[str]:
     """Every place where a stated time disagrees with the estimate, one sentence each."""
     found = [p for name, est in ests.items() for p in notebook_problems(name, est)]
-    return found + other_problems(ests)
+    return found + budget_problems(ests) + other_problems(ests)
+
+
+def budget_problems(ests: dict[str, Estimate]) -> list[str]:
+    """A notebook over ``MAX_NOTEBOOK_MIN``, or the whole course over ``MAX_COURSE_MIN``."""
+    out = [
+        f"{name} takes {est.minutes} min, over the {MAX_NOTEBOOK_MIN} a notebook may take: "
+        "cut what another notebook teaches, or split it"
+        for name, est in ests.items()
+        if est.minutes > MAX_NOTEBOOK_MIN
+    ]
+    total = sum(est.minutes for est in ests.values())
+    if total > MAX_COURSE_MIN:
+        out.append(
+            f"the course takes {total} min, over its {MAX_COURSE_MIN}: cut what is said twice"
+        )
+    return out
 
 
 def write(ests: dict[str, Estimate], notebooks: list[str] | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """Run notebooks under every CPU math path a learner's machine may take, and show each
 tolerance's worst value against its bound.
 
-    python tools/cpu_paths.py                       # 07, 08, 09 under every path (make cpu-paths)
+    python tools/cpu_paths.py                       # 07 to 10 under every path (make cpu-paths)
     python tools/cpu_paths.py --paths "as is" "MKL AVX2" --notebooks notebooks/03_*.ipynb
     python tools/cpu_paths.py --markdown docs/cpu-paths.md
 
@@ -42,6 +42,7 @@ NOTEBOOKS = [
     "notebooks/07_data_parallelism.ipynb",
     "notebooks/08_model_parallelism.ipynb",
     "notebooks/09_zero_and_fsdp2.ipynb",
+    "notebooks/10_tensor_and_sequence_parallelism.ipynb",
 ]
 PATHS: dict[str, dict[str, str]] = {
     "as is": {},

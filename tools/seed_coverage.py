@@ -117,11 +117,11 @@ ROWS: tuple[Row, ...] = (
         r"get_device_capability|is_bf16_supported",
         "the learner's own capability calls; Tensor Core speedups quoted with sources"),
     Row(30, "mixed precision halves memory", "misleading", "fully", "05", "code",
-        r"saved|activation", "measured: activations shrink, parameters and state do not"),
+        r"saved_for_backward", "measured against a formula: activations shrink, parameters and state do not"),
     Row(31, "model.half() is mixed precision", "wrong", "fully", "05", "code", r"\.half\(\)",
         "pure fp16 against autocast + GradScaler"),
     Row(32, "keep BatchNorm in fp32 with .float()", "outdated", "fully", "05", "code",
-        r"batch_norm|BatchNorm", "autocast's op lists keep the norm in fp32, checked"),
+        r"batch_norm|BatchNorm", "under autocast BatchNorm's buffers stay fp32, checked"),
     Row(33, "NVIDIA Apex for mixed precision", "outdated", "fully", "05", "code",
         r"FutureWarning", "torch.cuda.amp's FutureWarning; torch.amp instead"),
 )  # fmt: skip

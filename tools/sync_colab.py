@@ -30,14 +30,16 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 BADGE_RE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)\n*")
 SETUP_MARK = "# Colab only:"
 
-#: Notebooks whose GPU cells show something a CPU cannot, on the one GPU Colab gives. 07 and 08
-#: are left out on purpose: with one GPU they do what they do on a CPU (their GPU paths need
-#: two or more), so a GPU runtime would spend the learner's Colab quota for nothing.
+#: Notebooks whose GPU cells show something a CPU cannot, on the one GPU Colab gives: the
+#: one-device track. 07-11 are left out on purpose: with one GPU they do what they do on a CPU
+#: (their GPU paths need two or more), so a GPU runtime would spend the learner's Colab quota
+#: for nothing.
 NEEDS_GPU = frozenset(
     {
         "00_start_here.ipynb",
         "01_moving_tensors.ipynb",
         "02_creating_tensors_on_the_right_device.ipynb",
+        "03_where_memory_goes.ipynb",
         "04_out_of_memory.ipynb",
         "05_mixed_precision_and_cudnn.ipynb",
         "06_capstone_make_it_fit.ipynb",

@@ -1,5 +1,6 @@
-"""The GPU-only allocator demos of notebook 05: each runs PyTorch's own calls and returns what
-it measured; the notebook prints it and checks it.
+"""The GPU-only allocator demos of notebook 04: each runs PyTorch's own calls and returns what
+it measured; the notebook shows each function (``listing.show``) before it runs it, then prints
+what it returned and checks it.
 
 They need the CUDA caching allocator; without CUDA each raises a one-sentence RuntimeError (the
 notebook calls them only when a GPU is there, and says on a CPU what it skipped).
@@ -31,11 +32,7 @@ def _need_cuda(what: str) -> None:
 
 
 def oom_under_fraction(step: Callable[[], object], limit: int, device) -> tuple[str, int]:
-    """Run ``step()`` with this process capped at ``limit`` bytes of the GPU, then lift the cap.
-
-    Returns the out-of-memory message ("" when it fitted) and how many OOMs ``memory_stats()``
-    counted meanwhile. The failed call's frames go with the ``except`` block.
-    """
+    """``step()`` capped at ``limit`` bytes: its OOM message ("" if it fitted), the OOMs counted."""
     _need_cuda("oom_under_fraction")
     total = torch.cuda.mem_get_info(device)[1]  # the total the fraction is taken of
     ooms_before = torch.cuda.memory_stats(device)["num_ooms"]
@@ -52,8 +49,7 @@ def oom_under_fraction(step: Callable[[], object], limit: int, device) -> tuple[
 
 
 def empty_cache_steps(device) -> dict[str, tuple[int, int]]:
-    """(allocated, reserved) after each step: a live 32 MiB tensor (a segment of its own),
-    ``empty_cache()`` with it alive, ``del`` it, ``empty_cache()`` again."""
+    """(allocated, reserved) after each step, from a live 32 MiB tensor (a segment of its own)."""
     _need_cuda("empty_cache_steps")
 
     def counters() -> tuple[int, int]:
@@ -73,9 +69,7 @@ def empty_cache_steps(device) -> dict[str, tuple[int, int]]:
 
 
 def snapshot_live_blocks(work: Callable[[], object], path: str | os.PathLike) -> list[dict]:
-    """Record the allocator's history while ``work()`` runs, dump a snapshot to ``path`` while
-    what it returned is still alive, and read it back: the live blocks, largest first, each
-    with the Python frames that allocated it (``block["frames"]``)."""
+    """Snapshot while ``work()``'s result is alive: live blocks, largest first, with frames."""
     _need_cuda("snapshot_live_blocks")
     torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
     try:

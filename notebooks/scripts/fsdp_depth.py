@@ -1,7 +1,11 @@
-"""FSDP2 beyond the defaults: prefetching, gradient clipping, a checkpoint resharded, offloading.
+"""FSDP2 beyond the defaults: building on meta, prefetching, clipping, a checkpoint resharded,
+offloading.
 
     torchrun --standalone --nproc-per-node=2 fsdp_depth.py --checkpoint-dir DIR
 
+0. Building on the ``meta`` device: the model has shapes and no storage; ``fully_shard`` then
+   ``to_empty`` allocates each rank's shards only, and ``set_model_state_dict(...,
+   broadcast_from_rank0=True)`` fills them from rank 0's full weights.
 1. Explicit prefetching: ``set_modules_to_forward_prefetch`` makes a layer's forward issue the
    next layer's all-gather too, so it is on its way while this layer computes. Each rank
    records the order in which all-gathers and layer forwards happen, with and without it.
@@ -25,8 +29,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from common import log, relative_gap, report, setup, sum_bound, teardown, within
+from common import (
+    local_bytes,
+    log,
+    relative_gap,
+    report,
+    setup,
+    sum_bound,
+    teardown,
+    within,
+)
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -48,6 +62,35 @@ def shard(model: nn.Sequential, mesh, **kwargs) -> nn.Sequential:
 
 def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def meta_init(mesh, device: torch.device) -> dict:
+    """Build on the meta device (no storage at all), shard, then allocate only the shards with
+    to_empty and fill them from rank 0's full state dict (broadcast shard by shard)."""
+    reference = build_model().to(device)  # what rank 0 would load from disk
+    with torch.device("meta"):
+        model = build_model()
+    # Bytes with a real address behind them (a meta tensor's storage has data_ptr 0), and the
+    # bytes the shapes describe: all of the model, none of it allocated.
+    meta_bytes = sum(local_bytes(p) for p in model.parameters() if p.untyped_storage().data_ptr())
+    described_bytes = sum(local_bytes(p) for p in model.parameters())
+    shard(model, mesh)
+    model.to_empty(device=device)  # each rank allocates its shards only, uninitialised
+    full_sd = reference.state_dict() if dist.get_rank() == 0 else {}
+    set_model_state_dict(
+        model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    diff = max(
+        (p.full_tensor() - q).abs().max().item()
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    return {
+        "bytes_before_to_empty": meta_bytes,
+        "described_before_to_empty": described_bytes,
+        "bytes_after_to_empty": sum(local_bytes(p) for p in model.parameters()),
+        "full_bytes": sum(local_bytes(p) for p in reference.parameters()),
+        "max_diff": diff,
+    }
 
 
 def event_order(model: nn.Sequential, x: torch.Tensor) -> list[str]:
@@ -161,6 +204,7 @@ def main() -> None:
     y = torch.randn(PER_RANK * world, WIDTH, generator=g).to(device)
     mine = slice(PER_RANK * rank, PER_RANK * (rank + 1))
     out = {
+        "meta_init": meta_init(mesh, device),
         "prefetching": prefetching(mesh, device, x[mine]),
         "clipping": clipping(mesh, device, x, y, mine),
         "checkpoint": checkpoint(mesh, device, x[mine], y[mine], args.checkpoint_dir),

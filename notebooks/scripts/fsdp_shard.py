@@ -7,20 +7,19 @@ it. Forward and backward gather a layer's full weights just before it runs (all-
 free them after; gradients are averaged and split again (reduce-scatter); the optimizer
 only ever sees the local shard, so its state is split too. Each rank counts the bytes it
 holds, first without sharding and then with it, and checks both take the same step.
+
+The smallest complete FSDP2 script of the course, to read and run from a terminal. Notebook 09
+measures the same things on five setups (``zero_stages.py``) and runs FSDP2's options
+(``fsdp_depth.py``: meta-device init, prefetching, clipping, checkpoints, offloading).
 """
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from common import local_bytes, log, relative_gap, report, setup, sum_bound, teardown, within
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 WIDTH, DEPTH, LR = 512, 4, 1e-3
@@ -63,71 +62,7 @@ def shard(model: nn.Sequential, mesh, **kwargs) -> nn.Sequential:
     return model
 
 
-def mixed_precision(mesh, device: torch.device, x: torch.Tensor, y: torch.Tensor) -> dict:
-    """MixedPrecisionPolicy: compute with bf16 copies of the gathered weights, keep the fp32
-    shards, reduce the gradients in fp32."""
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    model = shard(build_model().to(device), mesh, mp_policy=policy)
-    seen = []
-    model[0].register_forward_hook(lambda mod, args, out: seen.append(str(out.dtype)))
-    loss = nn.functional.mse_loss(model(x).float(), y)
-    loss.backward()
-    p = next(model.parameters())
-    return {
-        "compute_dtype": seen[0],
-        "param_dtype": str(p.dtype),
-        "grad_dtype": str(p.grad.dtype),
-        "param_bytes": sum(local_bytes(q) for q in model.parameters()),
-    }
-
-
-def meta_init(mesh, device: torch.device, reference: nn.Module) -> dict:
-    """Build on the meta device (no storage at all), shard, then allocate only the shards with
-    to_empty and fill them from rank 0's full state dict (broadcast shard by shard)."""
-    with torch.device("meta"):
-        model = build_model()
-    # Bytes with a real address behind them (a meta tensor's storage has data_ptr 0), and the
-    # bytes the shapes describe: all of the model, none of it allocated.
-    meta_bytes = sum(local_bytes(p) for p in model.parameters() if p.untyped_storage().data_ptr())
-    described_bytes = sum(local_bytes(p) for p in model.parameters())
-    shard(model, mesh)
-    model.to_empty(device=device)  # each rank allocates its shards only, uninitialised
-    full_sd = reference.state_dict() if dist.get_rank() == 0 else {}
-    set_model_state_dict(
-        model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    )
-    diff = max(
-        (p.full_tensor() - q).abs().max().item()
-        for p, q in zip(model.parameters(), reference.parameters(), strict=True)
-    )
-    return {
-        "bytes_before_to_empty": meta_bytes,
-        "described_before_to_empty": described_bytes,
-        "bytes_after_to_empty": sum(local_bytes(p) for p in model.parameters()),
-        "full_bytes": sum(local_bytes(p) for p in reference.parameters()),
-        "max_diff": diff,
-    }
-
-
-def sharded_checkpoint(model: nn.Module, mesh, device: torch.device, folder: str) -> dict:
-    """torch.distributed.checkpoint: every rank writes its own shards, and reads them back into
-    a freshly built sharded model."""
-    dcp.save({"model": model.state_dict()}, checkpoint_id=folder)
-    fresh = shard(build_model(seed=1).to(device), mesh)  # other weights: loading must set them
-    state = {"model": fresh.state_dict()}
-    dcp.load(state, checkpoint_id=folder)
-    fresh.load_state_dict(state["model"])
-    diff = max(
-        (p.to_local() - q.to_local()).abs().max().item()
-        for p, q in zip(fresh.parameters(), model.parameters(), strict=True)
-    )
-    return {"max_diff": diff}
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--checkpoint-dir", help="a folder every rank can write (DCP checkpoint)")
-    args = parser.parse_args()
     rank, world, device = setup()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8 * world, 512, generator=g).to(device)  # the global batch
@@ -166,12 +101,6 @@ def main() -> None:
     log(f"FSDP2 takes the same step as one process (gradients, then weights): {same}")
     shard_shape = tuple(next(model.parameters()).to_local().shape)
     log(f"{world} ranks; first weight: global shape (512, 512), local shard {shard_shape}")
-    practice = {
-        "mixed_precision": mixed_precision(mesh, device, x[mine], y[mine]),
-        "meta_init": meta_init(mesh, device, build_model().to(device)),
-    }
-    if args.checkpoint_dir:
-        practice["checkpoint"] = sharded_checkpoint(model, mesh, device, args.checkpoint_dir)
     report(
         {
             "rank": rank,
@@ -182,7 +111,6 @@ def main() -> None:
             "weight_gap": weight_gap,
             "weight_tol": weight_tol,
             "shard_shape": list(shard_shape),
-            **practice,
         }
     )
     teardown()

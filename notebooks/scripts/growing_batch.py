@@ -1,5 +1,4 @@
-"""A loop whose batch grows by one every step, on the GPU: prints the allocator's peak reserved
-and allocated bytes as JSON. Notebook 04 runs it without and with expandable_segments."""
+"""A batch that grows every step on the GPU; prints the peak reserved and allocated bytes."""
 
 import json
 

@@ -8,6 +8,14 @@ start while rank 0 computes the next one), then every backward (rank 1 sends eac
 gradient back). Each rank records when it computed what (wall clock, shared by the processes
 of one machine), for the timeline in notebook 08, and checks its gradients against one
 process doing the whole batch.
+
+Timing: a first round of steps warms up (not kept), then ``--repeats`` rounds, each running
+every micro-batch count once in turn (interleaved: a busy moment of the machine hits every m,
+not one). Every step starts after a barrier. The ranks run with one thread each (torchrun's
+OMP_NUM_THREADS=1), so on two free cores they really compute at the same time. The batch has
+ROWS rows, so that 8 micro-batches still have 64 rows each: on one CPU thread, products of
+32 rows took 1.4x to 1.8x the time per row of products of 256 where this was written (notebook 08
+times it on your machine), which would eat the gain.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from pipeline_gpipe import batch, build_model, grad_tolerance, stage_layers
 from torch import nn
 from torch.nn import functional as F
 
+ROWS = 512  # the batch: twice pipeline_gpipe.py's, so micro-batches stay big enough
+
 
 def now(device: torch.device) -> float:
     """Wall-clock time once the device has finished its queued work (CUDA runs asynchronously)."""
@@ -31,9 +41,16 @@ def now(device: torch.device) -> float:
 
 
 def gpipe_step(part: nn.Module, rank: int, x: torch.Tensor, y: torch.Tensor, m: int) -> list:
-    """One training step in m micro-batches; returns [(kind, micro-batch, start, end)]."""
+    """One training step in m micro-batches; returns [(kind, micro-batch, start, end, cpu)]:
+    wall-clock start and end, and the CPU seconds this thread spent in between (less than
+    end - start when the process waited for a core that another process held)."""
     events, saved, sends = [], [], []
     dev = x.device
+
+    def record(kind: str, i: int, start: float, cpu0: float) -> None:
+        end = now(dev)
+        events.append((kind, i, start, end, time.thread_time() - cpu0))
+
     for i, xm in enumerate(x.chunk(m)):
         if rank == 0:
             inp = xm
@@ -41,24 +58,24 @@ def gpipe_step(part: nn.Module, rank: int, x: torch.Tensor, y: torch.Tensor, m: 
             inp = torch.empty(xm.shape[0], part[0].in_features, device=xm.device)
             dist.recv(inp, src=0)  # waits for stage 0's activation (idle time)
             inp.requires_grad_()
-        start = now(dev)
+        start, cpu0 = now(dev), time.thread_time()
         out = part(inp)
-        events.append(("F", i, start, now(dev)))
+        record("F", i, start, cpu0)
         if rank == 0:
             sends.append(dist.isend(out.detach(), dst=1))  # do not wait: start the next one
         saved.append((inp, out))
     for i, (inp, out) in enumerate(saved):
         if rank == 1:
-            start = now(dev)
+            start, cpu0 = now(dev), time.thread_time()
             (F.mse_loss(out, y.chunk(m)[i]) / m).backward()  # mean of m means = full-batch mean
-            events.append(("B", i, start, now(dev)))
+            record("B", i, start, cpu0)
             sends.append(dist.isend(inp.grad, dst=0))
         else:
             grad = torch.empty_like(out)
             dist.recv(grad, src=1)  # waits for stage 1's gradient (idle time)
-            start = now(dev)
+            start, cpu0 = now(dev), time.thread_time()
             out.backward(grad)
-            events.append(("B", i, start, now(dev)))
+            record("B", i, start, cpu0)
     for s in sends:
         s.wait()
     return events
@@ -67,27 +84,31 @@ def gpipe_step(part: nn.Module, rank: int, x: torch.Tensor, y: torch.Tensor, m: 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--microbatches", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds after the warm-up")
     args = parser.parse_args()
     rank, world, device = setup()
     assert world == 2, "this hand-written pipeline has exactly 2 stages"
-    x, y = (t.to(device) for t in batch())
+    x, y = (t.to(device) for t in batch(rows=ROWS))
 
     full = build_model().to(device)  # the reference: one process, whole model, whole batch
     F.mse_loss(full(x), y).backward()
     ref_grads = [p.grad for p in stage_layers(full, rank, world).parameters()]
 
     part = stage_layers(build_model(), rank, world).to(device)
-    runs = {}
-    for m in args.microbatches:
-        for _ in range(2):  # a warm-up step, then the one we keep
-            part.zero_grad()
-            dist.barrier()
+    runs = {m: {"steps": []} for m in args.microbatches}
+    for round_ in range(1 + args.repeats):  # round 0 warms up: not kept
+        for m in args.microbatches:  # interleaved: each round runs every m once
+            part.zero_grad()  # each step leaves exactly its own gradients
+            dist.barrier()  # both stages start together
             events = gpipe_step(part, rank, x, y, m)
-        diff = relative_gap([p.grad for p in part.parameters()], ref_grads)
-        runs[m] = {"events": events, "max_grad_diff": diff, "grad_tol": grad_tolerance()}
-        same = within("pipeline_by_hand grad_gap", diff, grad_tolerance())
-        log(f"by hand, {m} micro-batch(es): stage 0 gradients equal one process's: {same}")
-    report({"rank": rank, "runs": runs})
+            if round_ > 0:
+                runs[m]["steps"].append(events)
+            if round_ == args.repeats:  # the last step of each m: its gradients
+                diff = relative_gap([p.grad for p in part.parameters()], ref_grads)
+                runs[m].update(max_grad_diff=diff, grad_tol=grad_tolerance(ROWS))
+                same = within("pipeline_by_hand grad_gap", diff, grad_tolerance(ROWS))
+                log(f"by hand, {m} micro-batch(es): stage 0 gradients equal one process's: {same}")
+    report({"rank": rank, "runs": runs, "device": device.type, "threads": torch.get_num_threads()})
     teardown()
 
 

@@ -21,10 +21,11 @@ __all__ = [
     "gpipe_schedule",
     "idle_fraction",
     "make_stages",
-    "measured_events",
+    "measured_steps",
     "median_times",
     "overlap_seconds",
     "replay",
+    "span",
     "timed_step",
 ]
 
@@ -81,7 +82,7 @@ def timed_step(stages, devs, xb, yb, m: int, scale) -> tuple[list, float]:
 
 def draw_timeline(ax, events, devs, title: str) -> None:
     colors = {"F": "tab:blue", "B": "tab:orange"}
-    for s, kind, i, start, end in events:
+    for s, kind, i, start, end, *_ in events:
         ax.broken_barh([(start * 1e3, (end - start) * 1e3)], (s - 0.4, 0.8), color=colors[kind])
         mid = (start + end) / 2 * 1e3
         ax.text(mid, s, f"{kind}{i}", ha="center", va="center", fontsize=7, color="white")
@@ -92,8 +93,7 @@ def draw_timeline(ax, events, devs, title: str) -> None:
 
 def idle_fraction(events, stage: int) -> float:
     """The fraction of the step's span during which ``stage`` did no work."""
-    span = max(e[4] for e in events) - min(e[3] for e in events)
-    return 1 - sum(e[4] - e[3] for e in events if e[0] == stage) / span
+    return 1 - sum(e[4] - e[3] for e in events if e[0] == stage) / span(events)
 
 
 def median_times(events, kind: str) -> list[float]:
@@ -121,16 +121,25 @@ def gpipe_schedule(fwd, bwd, m: int) -> list:
     return events
 
 
-def measured_events(reports: dict, m: int) -> list:
-    """The ranks' (stage, kind, micro-batch, start, end) of pipeline_by_hand.py, from the first
-    start, in seconds."""
-    events = [
-        (rank, kind, i, start, end)
-        for rank, rep in sorted(reports.items())
-        for kind, i, start, end in rep["runs"][str(m)]["events"]
-    ]
-    t0 = min(e[3] for e in events)
-    return [(s, k, i, a - t0, b - t0) for s, k, i, a, b in events]
+def measured_steps(reports: dict, m: int) -> list[list]:
+    """Each timed step of pipeline_by_hand.py with m micro-batches: both ranks' events
+    (stage, kind, micro-batch, start, end, cpu), in seconds, start and end from that step's first
+    start, cpu the CPU time the rank's thread spent computing it."""
+    steps = []
+    for k in range(len(reports[0]["runs"][str(m)]["steps"])):
+        events = [
+            (rank, *event)
+            for rank, rep in sorted(reports.items())
+            for event in rep["runs"][str(m)]["steps"][k]
+        ]
+        t0 = min(e[3] for e in events)
+        steps.append([(s, kind, i, a - t0, b - t0, cpu) for s, kind, i, a, b, cpu in events])
+    return steps
+
+
+def span(events) -> float:
+    """Seconds from the step's first start to its last end."""
+    return max(e[4] for e in events) - min(e[3] for e in events)
 
 
 def overlap_seconds(events) -> float:

@@ -25,12 +25,9 @@ are enough GPUs, gloo on the CPU otherwise.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 import warnings
 
 import torch
-import torch.distributed as dist
 from common import log, report, setup, sum_bound, teardown, within
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -183,16 +180,6 @@ def comm_counts(mode: CommDebugMode) -> dict[str, int]:
     return {str(op).split(".")[-1]: n for op, n in mode.get_comm_counts().items()}
 
 
-def median_seconds(fn, repeats: int = 5) -> float:
-    seconds = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - t0)
-    return statistics.median(seconds)
-
-
 def main() -> None:
     rank, world, device = setup()
     mesh = init_device_mesh(device.type, (world,))
@@ -203,9 +190,8 @@ def main() -> None:
     ref = build().to(device)  # one process, the whole block
     ref_out, ref_saved = saved_activation_bytes(ref, x)
     ref_out.sum().backward()
-    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}  # timing adds to .grad
+    ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
     out = {"world": world, "single": {"params": param_bytes(ref), "saved": ref_saved}}
-    out["single"]["step_seconds"] = median_seconds(lambda: ref(x).sum().backward())
 
     setups = (
         ("TP", TP_PLAN, x),
@@ -245,7 +231,6 @@ def main() -> None:
             "grad_tol": grad_tol,
             "forward_comm": comm_counts(fwd_mode),
             "backward_comm": comm_counts(bwd_mode),
-            "step_seconds": median_seconds(lambda m=model, i=inp: m(i).sum().backward()),
             "grads": sum(local(p.grad).numel() * local(p.grad).element_size() for p in params),
             "optimizer_state": adam_state_bytes(params),
         }

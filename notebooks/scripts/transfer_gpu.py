@@ -8,6 +8,8 @@ function raises one sentence saying so.
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import sys
 import time
 import warnings
@@ -17,6 +19,17 @@ import torch
 from tutorial_utils import timing
 
 MiB = 2**20
+
+
+def _in_turns(fns, nbytes: int, rounds: int = 5) -> timing.Comparison:
+    """Time ``fns`` in turns: each round takes two warmed-up samples of every function, so a
+    slow moment of the machine falls on all of them alike; the table compares the medians."""
+    per_round = [timing.compare(fns, nbytes=nbytes, repeat=2) for _ in range(rounds)]
+    merged = tuple(
+        dataclasses.replace(runs[0], samples=tuple(s for t in runs for s in t.samples))
+        for runs in zip(*(c.timings for c in per_round), strict=True)
+    )
+    return timing.Comparison(merged, baseline=per_round[0].baseline, nbytes=nbytes)
 
 
 def _need_cuda() -> None:
@@ -46,7 +59,7 @@ def pin_ways(n_bytes: int = 64 * MiB) -> timing.Comparison:
     batch = torch.randn(n_bytes // 4)
     pinned_buffer = torch.empty_like(batch).pin_memory()  # pinned once, refilled per batch
     on_gpu = torch.empty(n_bytes // 4, device="cuda")
-    return timing.compare(
+    return _in_turns(
         {
             "pageable .to(cuda)": lambda: on_gpu.copy_(batch),
             "pin_memory() every batch": lambda: on_gpu.copy_(batch.pin_memory(), non_blocking=True),
@@ -56,7 +69,6 @@ def pin_ways(n_bytes: int = 64 * MiB) -> timing.Comparison:
             "copy from the pinned buffer": lambda: on_gpu.copy_(pinned_buffer, non_blocking=True),
         },
         nbytes=n_bytes,
-        repeat=10,
     )
 
 
@@ -130,11 +142,15 @@ def overlap() -> dict[str, float]:
             w @ w
 
     _elapsed_ms(lambda: (compute(1), copy()))  # warm-up
-    copy_ms = _elapsed_ms(copy)
-    k = max(1, round(copy_ms / _elapsed_ms(lambda: compute(1))))  # as long as the copy
-    compute_ms = _elapsed_ms(lambda: compute(k))
-    both_ms = _elapsed_ms(lambda: copy_while_computing(copy, lambda: compute(k), copy_stream))
-    return {"copy_ms": copy_ms, "compute_ms": compute_ms, "both_ms": both_ms}
+    k = max(1, round(_elapsed_ms(copy) / _elapsed_ms(lambda: compute(1))))  # as long as the copy
+    ms: dict[str, list[float]] = {"copy_ms": [], "compute_ms": [], "both_ms": []}
+    for _ in range(5):  # in turns, so a slow moment falls on all three; medians compared
+        ms["copy_ms"].append(_elapsed_ms(copy))
+        ms["compute_ms"].append(_elapsed_ms(lambda: compute(k)))
+        ms["both_ms"].append(
+            _elapsed_ms(lambda: copy_while_computing(copy, lambda: compute(k), copy_stream))
+        )
+    return {name: statistics.median(times) for name, times in ms.items()}
 
 
 def naive_timer() -> dict[str, float]:
@@ -186,14 +202,13 @@ def h2d(n_bytes: int = 64 * MiB) -> timing.Comparison:
     pageable = torch.randn(n_bytes // 4)
     pinned = pageable.pin_memory()
     gpu_dst = torch.empty(n_bytes // 4, device="cuda")
-    return timing.compare(
+    return _in_turns(
         {
             "pageable -> cuda": lambda: gpu_dst.copy_(pageable),
             "pinned -> cuda": lambda: gpu_dst.copy_(pinned),
             "pinned -> cuda, non_blocking": lambda: gpu_dst.copy_(pinned, non_blocking=True),
         },
         nbytes=n_bytes,
-        repeat=10,
     )
 
 

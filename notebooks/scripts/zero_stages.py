@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
@@ -61,7 +59,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 # quiet; it reads this once, when the first profiler starts.
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
-WIDTH, LAYERS, PER_RANK, LR, STEPS, TIMED = 256, 3, 16, 1e-3, 2, 5
+WIDTH, LAYERS, PER_RANK, LR, STEPS = 256, 3, 16, 1e-3, 2
 # FSDP2 calls dist.all_gather_single / reduce_scatter_single since torch 2.13; before, the older
 # all_gather_into_tensor / reduce_scatter_tensor (same arguments). Wrap the ones this torch uses.
 ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
@@ -296,17 +294,6 @@ def run_setup(
         (full(p.detach()) - r).abs().max().item()
         for p, r in zip(model.parameters(), reference, strict=True)
     )
-    seconds = []
-    for _ in range(TIMED):  # time per step on these ranks (not asserted: load-dependent)
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(model(x).float(), y).backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds.append(time.perf_counter() - t0)
-    out["step_seconds"] = statistics.median(seconds)
     if isinstance(opt, ZeroRedundancyOptimizer):
         owned = [p for g in opt.optim.param_groups for p in g["params"]]
         names = {id(p): n for n, p in model.module.named_parameters()}

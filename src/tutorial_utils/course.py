@@ -77,7 +77,7 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "03_where_memory_goes.ipynb",
         "Where memory goes: predict, measure, reconcile",
         MINUTES["03_where_memory_goes.ipynb"],
-        "CPU (every formula and tool), 1 GPU (snapshot on OOM)",
+        "CPU (every formula and tool), 1 GPU (offloading to pinned memory)",
         "one device",
     ),
     Notebook(

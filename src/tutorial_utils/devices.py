@@ -483,8 +483,8 @@ class Capabilities:
 
     @property
     def speed_shape(self) -> tuple[int, int, int]:
-        """(width, hidden, batch) of 06's speed table: big enough to keep a GPU busy (under
-        2 GiB in fp32 with gradients), small on a CPU, where low precision is slow."""
+        """(width, hidden, batch) of 05's speed table: big enough to keep a GPU busy (under
+        2 GiB in fp32 with gradients), small on a CPU, so that the table takes seconds there."""
         return (1024, 4096, 8192) if self.kind == "cuda" else (256, 512, 128)
 
     @property

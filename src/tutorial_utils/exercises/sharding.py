@@ -1,11 +1,11 @@
-"""Checkers for notebook 09 (sharding: ZeRO, FSDP2, tensor parallelism, a 2-D mesh).
+"""Checkers for notebooks 09 (ZeRO, FSDP2) and 10 (tensor parallelism, a 2-D mesh).
 
 * ``check_zero_bytes``: the learner's ``zero_bytes(stage, psi, n, k)``, the bytes a rank holds
   under DDP (stage 0) and ZeRO-1, -2, -3, for fp32 parameters and gradients and ``k`` bytes of
   optimizer state per parameter, against the formulas on a grid of sizes.
-* ``check_tp_plan``: the learner's tensor-parallel plan for the block of section 5, judged by
-  what it costs: every Linear split, and no more collectives in forward than the cheapest plan
-  (found by trying all of them with the same rules).
+* ``check_tp_plan``: the learner's tensor-parallel plan for notebook 10's block (section 1),
+  judged by what it costs: every Linear split, and no more collectives in forward than the
+  cheapest plan (found by trying all of them with the same rules).
 * ``check_batch_for``: the bug hunt. ``batch_for(x, dp, tp, dp_size, tp_size)`` must give the
   ranks of one tensor-parallel group the same rows and different data-parallel groups
   disjoint rows that cover the batch.
@@ -28,7 +28,7 @@ __all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "t
 # ZeRO bytes per rank
 
 
-CATEGORIES = ("params", "grads", "state")  # section 1's names for the three parts
+CATEGORIES = ("params", "grads", "state")  # notebook 09 section 1's names for the three parts
 
 
 def _zero_parts(stage: int, psi: int, n: int, k: float, width: int = 4) -> dict[str, float]:
@@ -213,7 +213,7 @@ def check_tp_plan(plan: Mapping[str, object]) -> Feedback:
     )
     fb.fix(
         'q, k, v and fc1 "colwise", o and fc2 "rowwise": one all-reduce per sub-block, after '
-        "the row-split Linear (section 5 counted them)"
+        "the row-split Linear (section 1 counted them)"
     )
     fb.require(
         isinstance(plan, Mapping),
