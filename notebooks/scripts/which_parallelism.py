@@ -1,9 +1,9 @@
 """Notebook 10 §4: the track's decision table and one model on one cluster, from the runs' reports.
 
-Not a torchrun script: the notebook imports it and passes the ``LaunchResult`` of each run
-(``zero_stages.py``, ``pipeline_gpipe.py``, ``tensor_parallel.py``, ``mesh_2d.py``). Everything
-here is bookkeeping on what those runs measured; the notebook checks the results against
-closed forms.
+Not a torchrun script: the notebook imports it and passes what each run reported, a dict
+rank -> report (``zero_stages.py`` and ``pipeline_gpipe.py`` through ``track_runs.py``,
+``tensor_parallel.py``, ``mesh_2d.py``). Everything here is bookkeeping on what those runs
+measured; the notebook checks the results against closed forms.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def state(run: dict) -> int:
 
 def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str]]:
     """approach: (measured on, what a rank holds, what it moves per step, pick it when)."""
-    psi = zero.reports[0]["psi"]
-    runs = zero.reports[0]["results"]
+    psi = zero[0]["psi"]
+    runs = zero[0]["results"]
     table = {}
     for setup, when in (
         ("DDP", "a training state that fits one device: the default (notebook 07)"),
@@ -33,7 +33,7 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
         ("ZeRO-2", "gradients that do not fit either; a step still gathers every parameter"),
         ("ZeRO-3", "parameters that do not fit either; fast links pay for its 1.5x DDP's traffic"),
     ):
-        fuller = max(state(rep["results"][setup]) for rep in zero.reports.values())
+        fuller = max(state(rep["results"][setup]) for rep in zero.values())
         gathered = runs[setup]["gathered_between_fwd_bwd"]
         held = f"{fuller / state(runs['DDP']):.0%} of the training state"
         held += f", +{gathered / (4 * psi):.0%} of the parameters gathered in a step" * bool(
@@ -42,24 +42,24 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
         moved = runs[setup]["comm"]["weighted_bytes"] / (4 * psi)
         table[setup] = ("09's MLP", held, f"{moved:.0f}x the parameters' bytes", when)
 
-    m_pp = pipe.reports[0]["m"]
+    m_pp = pipe[0]["m"]
     boundary = 2 * pipeline_gpipe.BATCH * pipeline_gpipe.WIDTH * 4  # the activation, its gradient
     for name, when in (
         ("GPipe", "deep models over slow links (between machines); pays the bubble (p-1)/(m+p-1)"),
         ("1F1B", "as GPipe, holding activations of at most p micro-batches (notebook 08)"),
     ):
-        c = pipe.reports[0]["compare"][name]
-        in_flight = c["peak_bytes"] // (pipe.reports[0]["compare"]["GPipe"]["peak_bytes"] // m_pp)
+        c = pipe[0]["compare"][name]
+        in_flight = c["peak_bytes"] // (pipe[0]["compare"]["GPipe"]["peak_bytes"] // m_pp)
         held = f"{stage_share():.0%} of the layers; at its peak, stage 0 the activations of "
         held += f"{in_flight} of {m_pp} micro-batches"
         table[f"PP, {name}"] = ("08's MLP", held, f"{boundary:,} B to a neighbour (shapes)", when)
 
-    one = tp.reports[0]["single"]
+    one = tp[0]["single"]
     for name, when in (
         ("TP", "layers too big or too slow for one device; fast links only (inside a machine)"),
         ("TP+SP", "as TP, and long sequences: fewer activations for the same traffic"),
     ):
-        r = tp.reports[0][name]
+        r = tp[0][name]
         calls = Counter(r["forward_comm"]) + Counter(r["backward_comm"])
         moved = ", ".join(
             f"{n} {k.split('_')[0]}-{k.split('_')[1]}{'s' * (n > 1)}"
@@ -69,7 +69,7 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
         held += f"{r['saved'] / one['saved']:.0%} of the activations"
         table[name] = ("block (s. 1)", held, f"{moved} of an activation", when)
 
-    m2 = mesh2d.reports[0]
+    m2 = mesh2d[0]
     tp_calls = sum(m2[ph]["tp all_reduce"]["calls"] for ph in ("forward_comm", "backward_comm"))
     table["2-D, FSDP2 x TP"] = (
         "2 blocks (s. 3)",
@@ -146,18 +146,18 @@ class Cluster:
 
     def fit(self, zero, tp, mesh2d) -> Cluster:
         """Scale the runs' measurements to this model and cluster; fill `parts` and `totals`."""
-        m2 = mesh2d.reports[0]
+        m2 = mesh2d[0]
         scale = self.hidden // m2["H"]  # the runs' blocks had h = 64
         shapes = {n.removeprefix("0."): s for n, s in m2["param_shapes"].items() if n[:2] == "0."}
         at_target = {n: math.prod(d * scale for d in s) for n, s in shapes.items()}
         block_psi = sum(at_target.values())
         self.psi = self.blocks * block_psi
-        split_names = set(tp.reports[0]["TP"]["split_params"])
+        split_names = set(tp[0]["TP"]["split_params"])
         self.n_split = self.blocks * sum(at_target[n] for n in split_names)
         n_dev, L = self.devices, self.blocks
 
-        psi, n_tensors, world = (zero.reports[0][k] for k in ("psi", "tensors", "world"))
-        runs = {rank: rep["results"] for rank, rep in zero.reports.items()}
+        psi, n_tensors, world = (zero[0][k] for k in ("psi", "tensors", "world"))
+        runs = {rank: rep["results"] for rank, rep in zero.items()}
 
         def held_at_rest(setup, cat):  # mean bytes per rank between steps, no step counters
             total = 0
