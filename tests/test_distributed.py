@@ -551,6 +551,7 @@ COURSE_SCRIPTS = {
     "tensor_parallel.py": [],
     "fsdp_depth.py": ["--checkpoint-dir", "{tmp}/dcp"],
     "mesh_2d.py": [],
+    "track_runs.py": [],  # 10 §4: zero_stages.py and pipeline_gpipe.py in one launch
     "ddp_seen.py": ["--trace-dir", "{tmp}"],
     "ddp_step_time.py": [],
 }
@@ -559,10 +560,11 @@ EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 
 
 def test_every_script_the_course_launches_is_in_the_clean_exit_test():
-    # not torchrun scripts: 04's GPU demos run as a child, 01's, 03's, 08's and 05's are
+    # not torchrun scripts: 04's GPU demos run as a child, 01's, 03's, 05's, 08's and 10's are
     # imported in-kernel, 00's and 02's run as one process; crash_demo.py fails on purpose
     not_launched = {"common.py", "crash_demo.py", "allocator_gpu.py", "growing_batch.py"}
     in_kernel = {"transfer_gpu.py", "cudnn_benchmark.py", "pipeline_timing.py", "reconcile.py"}
+    in_kernel |= {"which_parallelism.py"}
     single = {"allocator_vs_nvml.py", "cuda_visible_devices.py"}
     launched = {p.name for p in SCRIPTS.glob("*.py")} - not_launched - in_kernel - single
     assert launched == set(COURSE_SCRIPTS)

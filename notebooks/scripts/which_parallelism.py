@@ -1,0 +1,239 @@
+"""Notebook 10 §4: the track's decision table and one model on one cluster, from the runs' reports.
+
+Not a torchrun script: the notebook imports it and passes what each run reported, a dict
+rank -> report (``zero_stages.py`` and ``pipeline_gpipe.py`` through ``track_runs.py``,
+``tensor_parallel.py``, ``mesh_2d.py``). Everything here is bookkeeping on what those runs
+measured; the notebook checks the results against closed forms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pipeline_gpipe  # notebook 08's model: what a pipeline stage holds
+
+GiB = 2**30
+
+
+def state(run: dict) -> int:
+    """Bytes of parameters (at rest), gradients and Adam state on one rank."""
+    return run["params_at_rest"] + run["grads"] + run["optimizer_state"]
+
+
+def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str]]:
+    """approach: (measured on, what a rank holds, what it moves per step, pick it when)."""
+    psi = zero[0]["psi"]
+    runs = zero[0]["results"]
+    table = {}
+    for setup, when in (
+        ("DDP", "a training state that fits one device: the default (notebook 07)"),
+        ("ZeRO-1", "an optimizer state that does not fit; any link DDP runs on"),
+        ("ZeRO-2", "gradients that do not fit either; a step still gathers every parameter"),
+        ("ZeRO-3", "parameters that do not fit either; fast links pay for its 1.5x DDP's traffic"),
+    ):
+        fuller = max(state(rep["results"][setup]) for rep in zero.values())
+        gathered = runs[setup]["gathered_between_fwd_bwd"]
+        held = f"{fuller / state(runs['DDP']):.0%} of the training state"
+        held += f", +{gathered / (4 * psi):.0%} of the parameters gathered in a step" * bool(
+            gathered
+        )
+        moved = runs[setup]["comm"]["weighted_bytes"] / (4 * psi)
+        table[setup] = ("09's MLP", held, f"{moved:.0f}x the parameters' bytes", when)
+
+    m_pp = pipe[0]["m"]
+    boundary = 2 * pipeline_gpipe.BATCH * pipeline_gpipe.WIDTH * 4  # the activation, its gradient
+    for name, when in (
+        ("GPipe", "deep models over slow links (between machines); pays the bubble (p-1)/(m+p-1)"),
+        ("1F1B", "as GPipe, holding activations of at most p micro-batches (notebook 08)"),
+    ):
+        c = pipe[0]["compare"][name]
+        in_flight = c["peak_bytes"] // (pipe[0]["compare"]["GPipe"]["peak_bytes"] // m_pp)
+        held = f"{stage_share():.0%} of the layers; at its peak, stage 0 the activations of "
+        held += f"{in_flight} of {m_pp} micro-batches"
+        table[f"PP, {name}"] = ("08's MLP", held, f"{boundary:,} B to a neighbour (shapes)", when)
+
+    one = tp[0]["single"]
+    for name, when in (
+        ("TP", "layers too big or too slow for one device; fast links only (inside a machine)"),
+        ("TP+SP", "as TP, and long sequences: fewer activations for the same traffic"),
+    ):
+        r = tp[0][name]
+        calls = Counter(r["forward_comm"]) + Counter(r["backward_comm"])
+        moved = ", ".join(
+            f"{n} {k.split('_')[0]}-{k.split('_')[1]}{'s' * (n > 1)}"
+            for k, n in sorted(calls.items())
+        )
+        held = f"{r['params'] / one['params']:.0%} of the parameters, "
+        held += f"{r['saved'] / one['saved']:.0%} of the activations"
+        table[name] = ("block (s. 1)", held, f"{moved} of an activation", when)
+
+    m2 = mesh2d[0]
+    tp_calls = sum(m2[ph]["tp all_reduce"]["calls"] for ph in ("forward_comm", "backward_comm"))
+    table["2-D, FSDP2 x TP"] = (
+        "2 blocks (s. 3)",
+        f"{m2['param_bytes'] / m2['single_param_bytes']:.0%} of the parameters",
+        f"dp: {dp_factor(m2):.0f}x a tp rank's parameters; tp: {tp_calls} all-reduces",
+        "many machines: TP inside each (fast links), FSDP2 across them",
+    )
+    return table
+
+
+def print_table(table: dict) -> None:
+    for approach, (model_run, held, moved, when) in table.items():
+        print(f"{approach:<16} {model_run:<16} holds {held}")
+        print(f"{'':<16} {'':<16} moves {moved}")
+        print(f"{'':<16} {'':<16} for   {when}")
+
+
+def stage_share() -> float:
+    """The share of notebook 08's parameters that stage 0 of 2 holds."""
+    model = pipeline_gpipe.build_model()
+    stage = pipeline_gpipe.stage_layers(model, 0, 2)
+    return sum(p.numel() for p in stage.parameters()) / sum(p.numel() for p in model.parameters())
+
+
+def tp_local(m2: dict) -> int:
+    """Bytes of parameters a tp rank of the 2 x 2 run held before FSDP2 cut them."""
+    split = sum(m2["param_numel"][n] for n in m2["tp_split"])
+    return 4 * (split // 2 + sum(m2["param_numel"].values()) - split)
+
+
+def dp_factor(m2: dict) -> float:
+    """FSDP2's traffic on dp in one step, per byte a tp rank holds (measured: 3)."""
+    moved = sum(
+        v["bytes"]
+        for phase in ("forward_comm", "backward_comm")
+        for k, v in m2[phase].items()
+        if k.startswith("dp")
+    )
+    return moved / tp_local(m2)
+
+
+def ar_per_block(m2: dict) -> float:
+    """TP all-reduces of one activation per block and step (measured on 2 blocks: 4)."""
+    act_bytes = m2["B"] // 2 * m2["S"] * m2["H"] * 4  # one activation of a dp group, fp32
+    fwd, bwd = m2["forward_comm"]["tp all_reduce"], m2["backward_comm"]["tp all_reduce"]
+    return (fwd["bytes"] + bwd["bytes"]) / (2 * act_bytes)
+
+
+@dataclass
+class Cluster:
+    """One model (L blocks of notebook 10's block at hidden size h) on N devices of `budget`."""
+
+    blocks: int
+    hidden: int
+    heads: int
+    devices: int
+    seq: int
+    batch: int  # sequences per step, over all ranks
+    budget: int  # bytes per device
+    headroom: int  # bytes kept free per device
+    psi: float = 0.0  # parameters of the whole model
+    n_split: float = 0.0  # of them, in tensors TP splits
+    dp2: int = 2  # the 2-D mesh: dp x tp = devices
+    # setup: (mesh, state, gathered, (sequences per rank, TP degree), dp bytes, tp bytes)
+    parts: dict = field(default_factory=dict)
+    totals: dict = field(default_factory=dict)  # setup: (without, with full checkpointing)
+
+    def activations(self, b: int, t: int = 1) -> float:
+        """Bytes one block saves for backward on a rank: b sequences, TP degree t (section 2)."""
+        sbh, sb, ash = self.seq * b * self.hidden, self.seq * b, self.heads * self.seq / self.hidden
+        if t == 1:
+            return sbh * (64 + 4 * ash) + 16 * sb
+        return sbh * (16 + 48 / t + 4 * ash / t) + 16 * sb
+
+    def fit(self, zero, tp, mesh2d) -> Cluster:
+        """Scale the runs' measurements to this model and cluster; fill `parts` and `totals`."""
+        m2 = mesh2d[0]
+        scale = self.hidden // m2["H"]  # the runs' blocks had h = 64
+        shapes = {n.removeprefix("0."): s for n, s in m2["param_shapes"].items() if n[:2] == "0."}
+        at_target = {n: math.prod(d * scale for d in s) for n, s in shapes.items()}
+        block_psi = sum(at_target.values())
+        self.psi = self.blocks * block_psi
+        split_names = set(tp[0]["TP"]["split_params"])
+        self.n_split = self.blocks * sum(at_target[n] for n in split_names)
+        n_dev, L = self.devices, self.blocks
+
+        psi, n_tensors, world = (zero[0][k] for k in ("psi", "tensors", "world"))
+        runs = {rank: rep["results"] for rank, rep in zero.items()}
+
+        def held_at_rest(setup, cat):  # mean bytes per rank between steps, no step counters
+            total = 0
+            for r in runs:
+                run = runs[r][setup]
+                if cat == "state":
+                    total += run["optimizer_state"] - 4 * run.get("owned_tensors", n_tensors)
+                else:
+                    total += run["params_at_rest" if cat == "params" else "grads"]
+            return total / len(runs)
+
+        layer_bytes = 4 * psi / 3  # notebook 09's MLP: 3 equal Linears
+        for setup in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
+            state_t = 0.0
+            for cat in ("params", "grads", "state"):
+                full_ = held_at_rest("DDP", cat)  # nothing sharded
+                sharded = (1 - held_at_rest(setup, cat) / full_) * world / (world - 1)
+                state_t += full_ / psi * self.psi * ((1 - sharded) + sharded / n_dev)
+            run = runs[0][setup]
+            if run["gathered_between_fwd_bwd"]:  # ZeRO-2: every layer whole fwd to bwd
+                gathered = run["gathered_between_fwd_bwd"] / (4 * psi) * 4 * self.psi
+            elif setup == "ZeRO-3":  # one unit at a time (measured), and the one prefetched
+                gathered = 2 * max(run["gathered_at_forward"]) / layer_bytes * 4 * block_psi
+            else:
+                gathered = 0.0
+            comm = run["comm"]["weighted_bytes"] / (4 * psi) * 4 * self.psi
+            parts = (f"dp={n_dev}", state_t, gathered, (self.batch // n_dev, 1), comm, 0.0)
+            self.parts[setup] = parts
+
+        def shards(name, sizes):  # how many pieces the 2-D run cut tensor `name` into
+            layout = m2["layout"][f"0.{name}"]  # [[mesh dimension, placement kind], ...]
+            return math.prod(sizes[dim] for dim, kind in layout if "Shard" in kind)
+
+        def tp_rank_elements(t):  # elements a tp rank holds before FSDP2 cuts them
+            return L * sum(v / (t if n in split_names else 1) for n, v in at_target.items())
+
+        act_seq = self.seq * self.hidden * 4  # one sequence's activation at a block's boundary
+        ar = ar_per_block(m2)
+        tp_comm = L * ar * 2 * self.batch * act_seq  # the group processes the whole batch
+        tp_state = 16 * tp_rank_elements(n_dev)
+        self.parts["TP"] = (f"tp={n_dev}", tp_state, 0.0, (self.batch, n_dev), 0.0, tp_comm)
+        dp2, tp2 = self.dp2, n_dev // self.dp2
+        sizes = {"dp": dp2, "tp": tp2}
+        self.parts["2-D"] = (
+            f"dp={dp2} x tp={tp2}",
+            16 * L * sum(v / shards(n, sizes) for n, v in at_target.items()),
+            2 * 4 * tp_rank_elements(tp2) / L,  # a block of this tp rank, and the next
+            (self.batch // dp2, tp2),
+            dp_factor(m2) * 4 * tp_rank_elements(tp2),
+            L * ar * 2 * (self.batch // dp2) * act_seq,  # a dp group's sequences
+        )
+        for setup, (_, state_b, gathered, (b, t), _, _) in self.parts.items():
+            act = L * self.activations(b, t)
+            ckpt = L * 4 * self.seq * b * self.hidden + self.activations(b, t)  # inputs, one redone
+            base = state_b + gathered + self.headroom
+            self.totals[setup] = (base + act, base + ckpt)
+        return self
+
+    def show(self) -> None:
+        print(
+            f"{self.blocks} blocks, h = {self.hidden}: Psi = {self.psi / 1e9:.2f} billion; "
+            f"{self.devices} x {self.budget / GiB:.0f} GiB"
+        )
+        print(
+            f"{'GiB per rank':<22}{'state':>6}{'gathered':>9}{'act.':>6}{'ckpt':>6}{'headroom':>9}"
+            f"{'total':>7}{'ckpt':>6}  {'fits':<9}{'dp GB':>7}{'tp GB':>7}"
+        )
+        for setup, (mesh, state_b, gathered, (b, t), comm_dp, comm_tp) in self.parts.items():
+            act = self.blocks * self.activations(b, t)
+            ckpt = self.blocks * 4 * self.seq * b * self.hidden + self.activations(b, t)
+            plain, with_ckpt = self.totals[setup]
+            fits = "/".join("yes" if x <= self.budget else "no" for x in (plain, with_ckpt))
+            print(
+                f"{setup:<7}{mesh:<15}{state_b / GiB:>6.1f}{gathered / GiB:>9.1f}{act / GiB:>6.1f}"
+                f"{ckpt / GiB:>6.1f}{self.headroom / GiB:>9.1f}{plain / GiB:>7.1f}"
+                f"{with_ckpt / GiB:>6.1f}  {fits:<9}{comm_dp / 1e9:>7.1f}{comm_tp / 1e9:>7.1f}"
+            )
+        print("act., total, fits: without, then with full activation checkpointing (ckpt)")
+        print("dp GB, tp GB: moved per rank and step over each kind of link")
