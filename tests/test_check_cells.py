@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 from tutorial_utils import devices
 
@@ -337,7 +338,8 @@ def _gputil_without_nvidia_smi(monkeypatch):
 
     gpu = types.SimpleNamespace(name="read directly", memoryUsed=1234.0)
     monkeypatch.setattr(GPUtil, "getGPUs", lambda: [gpu])
-    return {"os": __import__("os")}
+    start_here = load_file(NOTEBOOKS / "scripts" / "start_here.py")  # the stand-in nvidia-smi
+    return {"os": __import__("os"), "start_here": start_here}
 
 
 def _cuda_counters_that_see_cpu_tensors(monkeypatch):
@@ -363,6 +365,7 @@ def _a_course_with_two_notebooks_05(monkeypatch):
     old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
     monkeypatch.setattr(course, "NOTEBOOKS", old)
     monkeypatch.setattr(course, "TRACKS", ("one device",))
+    monkeypatch.syspath_prepend(str(NOTEBOOKS / "scripts"))  # the cell imports start_here
     return {}
 
 
@@ -460,7 +463,7 @@ MUTATIONS = {
     ),
     "00 CUDA's counters see CPU tensors": (
         "00",
-        ("def cpu_block():",),
+        ("def cpu_block():", "CUDA's counters skip CPU tensors"),
         _cuda_counters_that_see_cpu_tensors,
     ),
     "00 the peak counter misses the spike": (
