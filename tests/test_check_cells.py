@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_file
 
 from tutorial_utils import devices
 
@@ -323,9 +324,11 @@ def _speed_rows_that_all_run_fp32():
 
 def _pinning_per_batch_pays():
     t = [types.SimpleNamespace(median=m) for m in (10.0, 2.0, 3.0, 1.0)]
+    ways = types.SimpleNamespace(timings=t)
     return {
         "caps": devices.Capabilities.machine("a100"),
-        "pin_ways": types.SimpleNamespace(timings=t),
+        "pin_ways": ways,
+        "transfer_gpu": types.SimpleNamespace(pin_ways=lambda n_bytes: ways),  # 01 runs it now
     }
 
 
@@ -376,7 +379,8 @@ def _gputil_without_nvidia_smi(monkeypatch):
 
     gpu = types.SimpleNamespace(name="read directly", memoryUsed=1234.0)
     monkeypatch.setattr(GPUtil, "getGPUs", lambda: [gpu])
-    return {"os": __import__("os")}
+    start_here = load_file(NOTEBOOKS / "scripts" / "start_here.py")  # the stand-in nvidia-smi
+    return {"os": __import__("os"), "start_here": start_here}
 
 
 def _cuda_counters_that_see_cpu_tensors(monkeypatch):
@@ -402,6 +406,7 @@ def _a_course_with_two_notebooks_05(monkeypatch):
     old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
     monkeypatch.setattr(course, "NOTEBOOKS", old)
     monkeypatch.setattr(course, "TRACKS", ("one device",))
+    monkeypatch.syspath_prepend(str(NOTEBOOKS / "scripts"))  # the cell imports start_here
     return {}
 
 
@@ -499,7 +504,7 @@ MUTATIONS = {
     ),
     "00 CUDA's counters see CPU tensors": (
         "00",
-        ("def cpu_block():",),
+        ("def cpu_block():", "CUDA's counters skip CPU tensors"),
         _cuda_counters_that_see_cpu_tensors,
     ),
     "00 the peak counter misses the spike": (
@@ -522,7 +527,11 @@ MUTATIONS = {
         ("caps.plan().items()",),
         _doctor_misreads_the_build,
     ),
-    "01 pinning per batch is faster": ("01", ("pin_each = pin_ways",), _pinning_per_batch_pays),
+    "01 pinning per batch is faster": (
+        "01",
+        ("pin_each = pin_ways", "pin_ways.timings[:2]"),
+        _pinning_per_batch_pays,
+    ),
     "01 a copy read too early is right": (
         "01",
         ("transfer_gpu.read_too_early()",),
