@@ -22,6 +22,7 @@ every mutation below passes through the old cells without an assert firing.
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import re
 import sys
@@ -262,8 +263,16 @@ def _channels_last_is_a_no_op():
     }
 
 
-def _autocast_changes_nothing():
-    return {"rel": lambda a: 0.0, "ytf": None, "ybf": None, "caps": _cpu(), "published": None}
+def _autocast_changes_nothing(monkeypatch):
+    """torch.autocast turned into a no-op: the bf16 probe equals fp32's, to the bit."""
+    import contextlib
+
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    return {
+        "speed_model": lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()),
+        "mlp_batch": torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),
+        **{"dev": "cpu", "caps": _cpu(), "published": None},
+    }
 
 
 def _deterministic_mode_does_nothing():
@@ -300,8 +309,15 @@ def _autocast_that_does_nothing(monkeypatch):
         "nn": torch.nn,
         "models": models,
         "format_bytes": format_bytes,
+        "amp_checks": _script("amp_checks"),
         **{"device": torch.device("cpu"), "dev": "cpu", "amp_dtype": torch.bfloat16},
     }
+
+
+def _script(name: str):
+    """A module of notebooks/scripts/, imported as the notebooks import it."""
+    sys.path.insert(0, str(NOTEBOOKS / "scripts"))
+    return importlib.import_module(name)
 
 
 def _speed_rows_that_all_run_fp32():
@@ -316,6 +332,7 @@ def _speed_rows_that_all_run_fp32():
     return {
         "variants": dict.fromkeys((*names, "ConvNet channels_last"), step),
         "nn": torch.nn,
+        "amp_checks": _script("amp_checks"),
         "caps": _cpu(),
         "rows": {},
         "median": {},
@@ -609,10 +626,14 @@ MUTATIONS = {
         ("gap_picked = relative_gap(",),
         _picked_fp16_without_a_scaler,
     ),
-    "05 autocast saves nothing": ("05", ("def saved_for_backward(",), _autocast_that_does_nothing),
+    "05 autocast saves nothing": (
+        "05",
+        ("def saved_for_backward(", "amp_checks.saved_for_backward("),
+        _autocast_that_does_nothing,
+    ),
     "05 every speed row runs fp32": (
         "05",
-        ("step()  # one more call per row",),
+        ("step()  # one more call per row", "amp_checks.ran_as(step)"),
         _speed_rows_that_all_run_fp32,
     ),
     "05 deterministic mode does nothing": (

@@ -62,3 +62,12 @@ def test_cuda_visible_devices_fails_when_a_child_sees_the_wrong_thing(
     monkeypatch.setattr(script, "visible_gpus", child)
     assert script.main() == 1
     assert why in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh Python that imports torch
+def test_amp_recipes_checks_pass_without_a_gpu():
+    """Notebook 05 points to scripts/amp_recipes.py for a skipped step, the scaler in a
+    checkpoint and accumulation; its asserts must hold on a CPU (GradScaler("cpu"))."""
+    run = _run("amp_recipes.py")
+    assert run.returncode == 0, run.stderr
+    assert "weights changed: False; new scale: 2**39" in run.stdout
