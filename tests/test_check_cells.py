@@ -177,6 +177,45 @@ def _launch_built_a_wrong_command():
     }
 
 
+def _replicas_were_detached():
+    """DataParallel's stand-in replicas made with ``.detach()``: no gradient reaches the model."""
+    from torch.nn import functional as F
+
+    from tutorial_utils.models import MLP, mlp_batch
+
+    model = MLP(d_in=16, d_hidden=32, d_out=4, seed=0)
+    x = mlp_batch(batch=8, d_in=16, seed=1)
+    return {
+        "MLP": MLP,
+        "F": F,
+        "devs": devices.demo_devices(2),
+        "model": model,
+        "x": x,
+        "y": torch.randn(8, 4, generator=torch.Generator().manual_seed(2)),
+        "out": model(x),
+    }
+
+
+def _step_far_from_its_prediction():
+    """A DDP step 200x what 07's formula predicts (a formula off by orders of magnitude)."""
+    report = {
+        "world": 2,
+        "params": 4198400,
+        "rows_per_rank": 64,
+        "message_bytes": 32 * 2**20,
+        "allreduce_s": 0.05,
+        "sync": 10.0,
+        "no_sync": 5.0,
+        "buckets": 1,
+    }
+    return {
+        "timing": types.SimpleNamespace(reports={0: report}),
+        "flops": 1e11,
+        "machine": "x",
+        "dev": "cpu",
+    }
+
+
 def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
     """Notebook 08's two stages after GPipe and 1F1B with m = 8, holding ``gpipe_held`` and
     ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right."""
@@ -521,7 +560,21 @@ MUTATIONS = {
         ("persistent=False buffers are not saved",),
         _buffers_ignore_persistent,
     ),
-    "07 launch's command is wrong": ("07", ("without_logs = [",), _launch_built_a_wrong_command),
+    "07 launch's command is wrong": (
+        "07",
+        ("without_logs = [", "get_args_parser().parse_args(ddp.command"),
+        _launch_built_a_wrong_command,
+    ),
+    "07 DataParallel's copies are detached": (
+        "07",
+        ("no gradient reached the model",),
+        _replicas_were_detached,
+    ),
+    "07 a step far from its prediction": (
+        "07",
+        ("not even the order of magnitude",),
+        _step_far_from_its_prediction,
+    ),
     "08 GPipe frees activations early": (
         "08",
         ("GPipe holds m micro-batches per stage",),

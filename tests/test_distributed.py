@@ -552,6 +552,7 @@ COURSE_SCRIPTS = {
     "fsdp_depth.py": ["--checkpoint-dir", "{tmp}/dcp"],
     "mesh_2d.py": [],
     "ddp_seen.py": ["--trace-dir", "{tmp}"],
+    "ddp_step_time.py": [],
 }
 NPROC = {"mesh_2d.py": 4}  # a 2 x 2 mesh; every other script runs on 2 ranks
 EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))

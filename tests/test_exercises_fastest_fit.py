@@ -79,3 +79,34 @@ def test_nothing_fits_is_said() -> None:
 def test_bad_tables_from_the_notebook_raise_one_sentence(peaks, seconds, budget) -> None:
     with pytest.raises(ValueError, match=r"^[^\n]+$"):
         check_fastest_fit("micro", peaks, seconds, budget)
+
+
+# Samples of interleaved rounds (seconds per step): 'micro' and 'both' overlap, so neither is
+# slower where it counts; 'slow' fits too, but every sample of it is slower than every one of
+# 'micro'.
+SAMPLES = {
+    "plain": [0.010, 0.011, 0.012],
+    "micro": [0.030, 0.034, 0.041],
+    "both": [0.033, 0.036, 0.039],
+    "slow": [0.050, 0.052, 0.060],
+}
+SAMPLE_PEAKS = {"plain": 100 * MiB, "micro": 40 * MiB, "both": 20 * MiB, "slow": 10 * MiB}
+
+
+@pytest.mark.parametrize("choice", ["micro", "both"])
+def test_a_difference_that_does_not_hold_accepts_either(choice: str) -> None:
+    fb = check_fastest_fit(choice, SAMPLE_PEAKS, SAMPLES, BUDGET)
+    assert fb.passed, fb.problems
+
+
+def test_a_difference_that_holds_in_every_sample_is_graded() -> None:
+    fb = check_fastest_fit("slow", SAMPLE_PEAKS, SAMPLES, BUDGET)
+    assert not fb.passed
+    assert "'micro' also fits" in fb.problems[0] and "34.0 ms" in fb.problems[0]
+
+
+def test_samples_that_are_not_times_raise_one_sentence() -> None:
+    with pytest.raises(ValueError, match=r"^[^\n]+$"):
+        check_fastest_fit("micro", SAMPLE_PEAKS, {**SAMPLES, "micro": []}, BUDGET)
+    with pytest.raises(ValueError, match=r"^[^\n]+$"):
+        check_fastest_fit("micro", SAMPLE_PEAKS, {**SAMPLES, "micro": [0.1, -1.0]}, BUDGET)

@@ -515,7 +515,7 @@ def test_no_sync_checker_never_hangs_when_its_ddp_models_are_freed(tmp_path):
 
 
 # ------------------------------------------------ notebook 08: the pipeline model and its counts
-# Notebook 08 shows these as illustrations (its simulator, its replay); the claims are pinned here.
+# Notebook 08 shows its simulator as an illustration and cites the replay; the claims are here.
 
 
 def _pipeline_timing():
@@ -595,6 +595,34 @@ def test_measured_steps_put_both_ranks_on_one_clock():
     assert pt.idle_fraction(first, 1) == pytest.approx(0.6)
 
 
+def _by_hand_reports(m_steps: dict[int, list[tuple]]) -> dict:
+    """pipeline_by_hand.py's reports on a CPU: per m, one step of (kind, i, start, end, cpu) per
+    rank, the same on both ranks shifted by ``lag`` seconds."""
+    runs = {r: {} for r in range(2)}
+    for m, (events, lag) in m_steps.items():
+        for r in range(2):
+            shifted = [(k, i, a + r * lag, b + r * lag, c) for k, i, a, b, c in events]
+            runs[r][str(m)] = {"steps": [shifted]}
+    return {r: {"runs": runs[r], "device": "cpu"} for r in range(2)}
+
+
+def test_by_hand_summary_says_the_stages_overlapped_when_each_had_a_core():
+    pt = _pipeline_timing()
+    one = ([("F", 0, 0.0, 1.0, 1.0)], 1.0)  # m=1: rank 1 starts when rank 0 ends
+    two = ([("F", 0, 0.0, 0.5, 0.5), ("F", 1, 0.5, 1.0, 0.5)], 0.5)  # m=2: they overlap
+    text = pt.by_hand_summary(_by_hand_reports({1: one, 2: two}))
+    assert "m=2, took 0.75x the time of m=1" in text, text
+    assert "each rank had its core (100%" in text and "so the stages overlapped" in text, text
+
+
+def test_by_hand_summary_blames_a_shared_core():
+    pt = _pipeline_timing()
+    one = ([("F", 0, 0.0, 1.0, 1.0)], 1.0)
+    two = ([("F", 0, 0.0, 1.0, 0.5), ("F", 1, 1.0, 2.0, 0.5)], 1.0)  # a core half the time
+    text = pt.by_hand_summary(_by_hand_reports({1: one, 2: two}))
+    assert "had a core for only 50%" in text and "took turns" in text, text
+
+
 def test_held_activations_count_one_microbatch_per_forward_until_backward():
     """What notebook 08's check rests on: the saved-tensor hook books each micro-batch's
     activations once, holds them until its backward, and frees them all after."""
@@ -616,3 +644,38 @@ def test_held_activations_count_one_microbatch_per_forward_until_backward():
         out.sum().backward()
     del outs
     assert held.live == 0
+
+
+# --- notebook 07 after the v2 move (issue 32): one FSDP2 pointer, and its timing script ---
+
+
+def _nb07_sources() -> list[str]:
+    nb = json.loads((SCRIPTS.parent / "07_data_parallelism.ipynb").read_text())
+    return ["".join(c["source"]) for c in nb["cells"]]
+
+
+def test_notebook_07_mentions_fsdp2_once_as_a_pointer_to_09():
+    """FSDP2 is taught in 09 only: 07 may name it in one line, and that line points to 09."""
+    lines = [ln for src in _nb07_sources() for ln in src.splitlines() if "FSDP2" in ln]
+    assert len(lines) == 1 and "notebook 09" in lines[0], lines
+
+
+def test_notebook_07_cites_no_old_numbers():
+    """The v2 renumbering moved 08's DDP internals here: no "notebook 03" or "notebook 08, section
+    8" is left, and the section it points to for buffers exists."""
+    text = "\n".join(_nb07_sources())
+    assert "notebook 03" not in text and "notebook 08, section" not in text
+    assert "## 4. DDP, seen from the inside" in text and "are in section 4" in text
+
+
+@pytest.mark.slow  # a torchrun launch of two ranks
+def test_ddp_step_time_reports_one_bucket_and_both_timings():
+    from tutorial_utils.distributed import launch
+
+    result = launch(SCRIPTS / "ddp_step_time.py", 2, [], 300, echo=None)
+    assert result.returncode == 0, result
+    for rep in result.reports.values():
+        assert rep["world"] == 2 and rep["params"] == 4 * (1024 * 1024 + 1024)
+        assert rep["buckets"] == 1, "the gradients must fit one bucket: nothing overlaps backward"
+        assert rep["message_bytes"] == 32 * 2**20
+        assert all(rep[k] > 0 for k in ("allreduce_s", "sync", "no_sync"))

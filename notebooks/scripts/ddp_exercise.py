@@ -1,6 +1,6 @@
 """EXERCISE: this DDP script runs without an error, yet trains differently from one process.
 
-There are two bugs. Find them, fix them in this file, and run the checker in notebook 03.
+There are two bugs. Find them, fix them in this file, and run the checker in notebook 07.
 The model and the data come from ddp_train.py; only the training loop is here.
 """
 

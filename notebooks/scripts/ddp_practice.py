@@ -9,7 +9,8 @@
 3. A checkpoint saved by rank 0 only, a ``barrier()`` so nobody reads a half-written file, then
    loaded on every rank with ``map_location`` (on GPUs, each rank onto its own device).
 
-Buffers (``forward_sync_buffers``) and ``SyncBatchNorm`` are in ddp_seen.py (notebook 09).
+Buffers (``forward_sync_buffers``) and ``SyncBatchNorm`` are in ddp_seen.py (notebook 07,
+section 4).
 """
 
 from __future__ import annotations

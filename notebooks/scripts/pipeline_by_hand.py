@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -40,17 +41,18 @@ def now(device: torch.device) -> float:
     return time.time()
 
 
+@contextmanager
+def timed(events: list, kind: str, i: int, device: torch.device):
+    """Record (kind, micro-batch, start, end, cpu): wall-clock start and end, and the CPU seconds
+    this thread spent in between (less than end - start while another process held the core)."""
+    start, cpu0 = now(device), time.thread_time()
+    yield
+    events.append((kind, i, start, now(device), time.thread_time() - cpu0))
+
+
 def gpipe_step(part: nn.Module, rank: int, x: torch.Tensor, y: torch.Tensor, m: int) -> list:
-    """One training step in m micro-batches; returns [(kind, micro-batch, start, end, cpu)]:
-    wall-clock start and end, and the CPU seconds this thread spent in between (less than
-    end - start when the process waited for a core that another process held)."""
+    """One training step in m micro-batches, GPipe order; returns the recorded events."""
     events, saved, sends = [], [], []
-    dev = x.device
-
-    def record(kind: str, i: int, start: float, cpu0: float) -> None:
-        end = now(dev)
-        events.append((kind, i, start, end, time.thread_time() - cpu0))
-
     for i, xm in enumerate(x.chunk(m)):
         if rank == 0:
             inp = xm
@@ -58,24 +60,21 @@ def gpipe_step(part: nn.Module, rank: int, x: torch.Tensor, y: torch.Tensor, m: 
             inp = torch.empty(xm.shape[0], part[0].in_features, device=xm.device)
             dist.recv(inp, src=0)  # waits for stage 0's activation (idle time)
             inp.requires_grad_()
-        start, cpu0 = now(dev), time.thread_time()
-        out = part(inp)
-        record("F", i, start, cpu0)
+        with timed(events, "F", i, x.device):
+            out = part(inp)
         if rank == 0:
             sends.append(dist.isend(out.detach(), dst=1))  # do not wait: start the next one
         saved.append((inp, out))
     for i, (inp, out) in enumerate(saved):
         if rank == 1:
-            start, cpu0 = now(dev), time.thread_time()
-            (F.mse_loss(out, y.chunk(m)[i]) / m).backward()  # mean of m means = full-batch mean
-            record("B", i, start, cpu0)
+            with timed(events, "B", i, x.device):  # mean of m means = the full-batch mean
+                (F.mse_loss(out, y.chunk(m)[i]) / m).backward()
             sends.append(dist.isend(inp.grad, dst=0))
         else:
             grad = torch.empty_like(out)
             dist.recv(grad, src=1)  # waits for stage 1's gradient (idle time)
-            start, cpu0 = now(dev), time.thread_time()
-            out.backward(grad)
-            record("B", i, start, cpu0)
+            with timed(events, "B", i, x.device):
+                out.backward(grad)
     for s in sends:
         s.wait()
     return events

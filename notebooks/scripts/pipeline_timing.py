@@ -1,32 +1,32 @@
 """Timing a model split over two devices, for notebook 08 (imported, not launched).
 
-A step's work is recorded as events ``(stage, "F" or "B", micro-batch, start, end)``, in
-seconds. ``timed_step`` measures them on the notebook's two devices (GPUs, or CPU stand-ins);
-``gpipe_schedule`` places measured stage times on two lanes as GPipe would, when a single
-process cannot overlap them; ``replay`` runs a recorded order of work with unit times.
-On GPUs every stage is followed by ``torch.cuda.synchronize``: CUDA kernels run asynchronously,
-so the clock is read only once the device has finished.
+A step's work is recorded as events ``(stage, "F" or "B", micro-batch, start, end[, cpu])``, in
+seconds. ``gpipe_schedule`` places given stage times on lanes as GPipe would (the notebook's
+illustration of the bubble); ``measured_steps`` and ``by_hand_summary`` read the two real
+processes of ``pipeline_by_hand.py``; ``replay`` runs a recorded order of work with unit times
+(pinned against the formula in tests/test_exercises_parallel.py).
 """
 
 from __future__ import annotations
 
-import time
+import os
+import statistics
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 __all__ = [
+    "bubble",
+    "by_hand_summary",
     "draw_timeline",
     "gpipe_schedule",
     "idle_fraction",
     "make_stages",
     "measured_steps",
-    "median_times",
+    "median_step",
     "overlap_seconds",
     "replay",
     "span",
-    "timed_step",
 ]
 
 
@@ -37,47 +37,6 @@ def make_stages(devs, width: int, seed: int = 0) -> list[nn.Module]:
         nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(width, width), nn.Tanh())]).to(d)
         for d in devs
     ]
-
-
-def _sync(devs) -> None:
-    if not devs.stand_ins:  # CUDA kernels run asynchronously: wait before reading the clock
-        for d in devs:
-            torch.cuda.synchronize(d)
-
-
-def timed_step(stages, devs, xb, yb, m: int, scale) -> tuple[list, float]:
-    """One forward+backward of the stages, cutting the batch into m micro-batches.
-
-    Runs the micro-batches in GPipe order (every forward, then every backward); each
-    micro-batch's loss is multiplied by ``scale(m)``. Returns (events, wall seconds).
-    """
-    for stage in stages:
-        stage.zero_grad()  # each call leaves exactly this step's gradients
-    events, saved = [], []
-    t0 = time.perf_counter()
-    for i, (xm, ym) in enumerate(zip(xb.chunk(m), yb.chunk(m), strict=True)):
-        h, acts = xm, []
-        for s, (stage, d) in enumerate(zip(stages, devs, strict=True)):
-            h_in = h.detach().to(d).requires_grad_(s > 0)
-            start = time.perf_counter()
-            h = stage(h_in)
-            _sync(devs)
-            events.append((s, "F", i, start - t0, time.perf_counter() - t0))
-            acts.append((h_in, h))
-        saved.append((acts, F.mse_loss(h, ym.to(h.device)) * scale(m)))
-    for i, (acts, loss) in enumerate(saved):
-        grad = None
-        for s in reversed(range(len(stages))):
-            h_in, h = acts[s]
-            start = time.perf_counter()
-            if grad is None:
-                loss.backward()
-            else:
-                h.backward(grad.to(h.device))
-            _sync(devs)
-            events.append((s, "B", i, start - t0, time.perf_counter() - t0))
-            grad = h_in.grad
-    return events, time.perf_counter() - t0
 
 
 def draw_timeline(ax, events, devs, title: str) -> None:
@@ -94,13 +53,6 @@ def draw_timeline(ax, events, devs, title: str) -> None:
 def idle_fraction(events, stage: int) -> float:
     """The fraction of the step's span during which ``stage`` did no work."""
     return 1 - sum(e[4] - e[3] for e in events if e[0] == stage) / span(events)
-
-
-def median_times(events, kind: str) -> list[float]:
-    per_stage = [
-        sorted(e[4] - e[3] for e in events if e[0] == s and e[1] == kind) for s in range(2)
-    ]
-    return [t[len(t) // 2] for t in per_stage]
 
 
 def gpipe_schedule(fwd, bwd, m: int) -> list:
@@ -166,3 +118,83 @@ def replay(orders, f: float = 1.0, b: float = 2.0) -> list[float]:
                 free[s] = done[(kind, s, i)] = start + (f if kind == "F" else b)
                 pos[s] += 1
     return [1 - sum(f if o[0] == "F" else b for o in orders[s]) / max(free) for s in range(p)]
+
+
+def bubble(p: int, m: int) -> float:
+    """GPipe's idle fraction per stage: p equal stages, m micro-batches, free communication."""
+    return (p - 1) / (m + p - 1)
+
+
+def median_step(reports: dict, m: int) -> list:
+    """The timed step of median length among pipeline_by_hand.py's steps with m micro-batches."""
+    steps = sorted(measured_steps(reports, m), key=span)
+    return steps[len(steps) // 2]
+
+
+def by_hand_summary(reports: dict) -> str:
+    """pipeline_by_hand.py's timing per m (medians over the timed steps) as a table, and a
+    sentence that says, from these numbers, how the best pipeline compares with the formula
+    and why: whether the ranks had a core each, and what the smaller products cost."""
+
+    def per_step(m, f):
+        return statistics.median(f(ev) for ev in measured_steps(reports, m))
+
+    def compute_cpu(ev):  # CPU seconds the ranks' threads spent computing
+        return sum(e[5] for e in ev)
+
+    def core_share(ev):  # of the wall time the ranks spent computing, the part they had a core
+        return compute_cpu(ev) / sum(e[4] - e[3] for e in ev)
+
+    ms = [int(m) for m in reports[0]["runs"]]
+    step = {m: per_step(m, span) for m in ms}
+    work = {m: per_step(m, compute_cpu) / per_step(ms[0], compute_cpu) for m in ms}
+    share = {m: per_step(m, core_share) for m in ms}
+    overlap = {m: per_step(m, lambda ev: overlap_seconds(ev) / span(ev)) for m in ms}
+    lines = [
+        "p=2   bubble    step time, x m=1's         stages         compute CPU   had a core",
+        "      formula   formula  measured (ms)     overlapping    x m=1's       while computing",
+    ]
+    for m in ms:
+        lines.append(
+            f"m={m:<2}  {bubble(2, m):7.2f}   {(m + 1) / (2 * m):7.2f}  {step[m] / step[1]:6.2f}"
+            f" ({step[m] * 1e3:4.0f})   {overlap[m]:9.0%}   {work[m]:12.2f}   {share[m]:11.0%}"
+        )
+    best = min(ms[1:], key=step.get)
+    ratio, ideal = step[best] / step[1], (best + 1) / (2 * best)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    why = []
+    if reports[0]["device"] != "cpu":
+        why.append(f"the ranks ran on {reports[0]['device']} devices (CPU time says nothing there)")
+    elif share[best] < 0.8:
+        why.append(
+            f"the ranks had a core for only {share[best]:.0%} of the time they were computing: "
+            f"this machine has {cores} cores and a load average of {os.getloadavg()[0]:.1f} "
+            "(processes wanting a core, these two included), so the stages often took turns "
+            "instead of overlapping"
+        )
+    if work[best] > 1.15:
+        why.append(
+            f"{best} micro-batches cost {work[best]:.2f}x the CPU time of one batch (smaller "
+            "products, timed below)"
+        )
+    if not why:
+        if ratio < 0.9:
+            rest = (
+                "so the stages overlapped; the rest of the gap is what the formula leaves out: "
+                "the sends and receives, and stages of unequal cost"
+            )
+        else:
+            rest = (
+                "yet the step shrank by less than a tenth"
+                if ratio < 1
+                else "yet the step did not shrink"
+            ) + ": the sends and receives cost about what the overlap saved"
+        why.append(
+            f"each rank had its core ({share[best]:.0%} of its compute time) and {best} "
+            f"micro-batches cost {work[best]:.2f}x the batch's CPU time, {rest}"
+        )
+    lines.append(
+        f"\nHere the best pipeline, m={best}, took {ratio:.2f}x the time of m=1, where the formula "
+        f"(equal stages, free communication) gives {ideal:.2f}x: " + "; and ".join(why) + "."
+    )
+    return "\n".join(lines)

@@ -1,8 +1,9 @@
 """Notebook 03 section 6: one Adam step of a model, measured four ways, printed as one table.
 
-The tools are the ones the learner typed in section 5 (the saved-tensor hook, ``MemTracker``)
-and the course's ledger (``memory.breakdown``); this file only runs them side by side. The
-notebook asserts what the table shows.
+The tools: the saved-tensor hook the learner typed in section 3, PyTorch's private
+``MemTracker``, and the course's ledger (``memory.breakdown``); this file only runs them side by
+side. The notebook asserts what the table shows. Run as a script, it adds what the notebook
+leaves out: a conv net, and the s² term of explicit attention.
 """
 
 from __future__ import annotations
@@ -81,3 +82,51 @@ def reconcile(name: str, model: torch.nn.Module, inputs: torch.Tensor, formula_a
     # the loss's square() saves the model's output: the ledger counts it, the hook on the model not
     output_bytes = model(inputs).detach().untyped_storage().nbytes()
     return {"rows": rows, "output_bytes": output_bytes, "gap": ledger.peak - mt["peak"]}
+
+
+def _main() -> None:
+    """What notebook 03 leaves to a terminal: a conv net reconciled (section 6), and the s² term
+    that explicit attention saves and SDPA does not (section 3). Run from ``notebooks/``:
+    ``python scripts/reconcile.py``."""
+    from tutorial_utils import models
+    from tutorial_utils.decoder import Decoder, DecoderConfig
+
+    torch.manual_seed(0)
+    # The conv net (batch b, 32 x 32 images, c = 16 channels): each convolution saves its input,
+    # each BatchNorm its input and two statistics per channel, each ReLU its output (which the
+    # next layer saves too), the head its input (b, 2c).
+    b, c, p = 8, 16, 32 * 32
+    conv_acts = 4 * (
+        b * c * p  # conv1 output, saved by BatchNorm1
+        + b * c * p  # ReLU1 output, saved by conv2
+        + b * 2 * c * p  # conv2 output, saved by BatchNorm2
+        + b * 2 * c * p  # ReLU2 output (the pooling's input)
+        + 2 * c
+        + 2 * 2 * c  # BatchNorm means and 1/std per channel
+        + b * 2 * c  # the pooled features, saved by the head
+    )
+    conv = models.ConvNet(channels=16)
+    r = reconcile("ConvNet (b=8, 32x32, c=16)", conv, models.image_batch(b, 32), conv_acts)
+    formula, hook, ledger, _ = r["rows"]["activations"]
+    assert formula == hook == ledger - r["output_bytes"]
+    peak = r["rows"]["peak"][3]
+    # scratch inside an operator (a convolution's buffers): the allocator sees it, MemTracker not
+    print(f"  allocator peak - MemTracker peak = {r['gap']:+,} B ({r['gap'] / peak:+.1%})\n")
+
+    # Written out, softmax(q k^T / sqrt(d)) v saves the (b, a, s, s) probabilities, 4 a s^2 b
+    # bytes in fp32, and the (s, s) causal mask (1 byte each); SDPA saves its output and a
+    # log-sum-exp per head and token instead.
+    block = Decoder(DecoderConfig(d_model=64, n_heads=4)).blocks[0]
+    explicit = Decoder(DecoderConfig(d_model=64, n_heads=4, attention="explicit")).blocks[0]
+    explicit.load_state_dict(block.state_dict())
+    a, bb = 4, 2
+    for s in (16, 32, 64):
+        inp = torch.randn(bb, s, 64, requires_grad=True)
+        fused, written = _saved_bytes(block, inp), _saved_bytes(explicit, inp)
+        print(f"s={s:>2}: SDPA saves {fused:>8,} B, explicit {written:>8,} B")
+        assert written - fused == 4 * a * s * s * bb + s * s - 4 * a * s * bb, (s, written - fused)
+    print("explicit - SDPA = 4as²b probabilities + s² mask - 4asb log-sum-exp, at every s")
+
+
+if __name__ == "__main__":
+    _main()

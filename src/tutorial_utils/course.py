@@ -29,11 +29,12 @@ MINUTES: dict[str, int] = {
     "03_where_memory_goes.ipynb": 70,
     "04_out_of_memory.ipynb": 55,
     "05_mixed_precision_and_cudnn.ipynb": 60,
-    "06_capstone_make_it_fit.ipynb": 45,
+    "06_capstone_make_it_fit.ipynb": 55,
     "07_data_parallelism.ipynb": 65,
     "08_model_parallelism.ipynb": 40,
     "09_zero_and_fsdp2.ipynb": 45,
     "10_tensor_and_sequence_parallelism.ipynb": 55,
+    "11_capstone_make_it_fit_across_ranks.ipynb": 45,
 }
 # END MINUTES
 
@@ -125,6 +126,13 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "10_tensor_and_sequence_parallelism.ipynb",
         "Tensor and sequence parallelism, the 2-D mesh, which parallelism when",
         MINUTES["10_tensor_and_sequence_parallelism.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL)",
+        "several devices",
+    ),
+    Notebook(
+        "11_capstone_make_it_fit_across_ranks.ipynb",
+        "Capstone 2: make it fit across ranks",
+        MINUTES["11_capstone_make_it_fit_across_ranks.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
         "several devices",
     ),

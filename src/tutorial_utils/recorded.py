@@ -44,16 +44,16 @@ GPU_CHECK_KIND = "gpu-check"  # files without a "kind" are GPU-check runs too (t
 KEYS: dict[str, str] = {
     "allocator_vs_nvml": "00: allocated / reserved / NVML used after allocating a tensor",
     "h2d_bandwidth": "01: host-to-device copies, pageable vs pinned",
-    "oom_message": "05: a real CUDA out-of-memory message, verbatim",
-    "expandable_segments": "05: reserved minus allocated, with and without expandable segments",
-    "empty_cache": "05: reserved memory before and after torch.cuda.empty_cache()",
-    "checkpointing": "05: activation checkpointing, memory saved and time paid",
-    "amp_speed": "06: one training step in fp32 / TF32 / bf16 / fp16 autocast",
-    "cudnn_benchmark": "06: cudnn.benchmark on and off, fixed and varying shapes",
-    "matmul_peak": "06: a large matrix product as a share of the measured peak",
+    "oom_message": "04: a real CUDA out-of-memory message, verbatim",
+    "expandable_segments": "04: reserved minus allocated, with and without expandable segments",
+    "empty_cache": "04: reserved memory before and after torch.cuda.empty_cache()",
+    "checkpointing": "03: activation checkpointing, memory saved and time paid",
+    "amp_speed": "05: one training step in fp32 / TF32 / bf16 / fp16 autocast",
+    "cudnn_benchmark": "05: cudnn.benchmark on and off, fixed and varying shapes",
+    "matmul_peak": "05: a large matrix product as a share of the measured peak",
     "spike_test": "00: a short memory spike seen by the allocator, NVML, GPUtil and the gauge",
     "source_cost": "00: the cost of one reading from each gauge source",
-    "inference_mode": "05: forward passes with grad, no_grad and inference_mode",
+    "inference_mode": "04: forward passes with grad, no_grad and inference_mode",
 }
 
 

@@ -23,8 +23,8 @@ __all__ = ["KEYS", "ClusterRun", "load_runs", "show"]
 
 SCHEMA = 1
 KEYS = {
-    "ddp": "03: slurm_ddp.sbatch as written (ddp_train.py, 3 epochs) on nodes n1 and n2",
-    "rank_fails": "03: the same script running crash_demo.py, whose rank 1 gives up",
+    "ddp": "07: slurm_ddp.sbatch as written (ddp_train.py, 3 epochs) on nodes n1 and n2",
+    "rank_fails": "07: the same script running crash_demo.py, whose rank 1 gives up",
 }
 
 

@@ -1,0 +1,305 @@
+"""Capstone 2's grader (notebook 11): run a sharding plan on real ranks, and check what it did.
+
+``check_plan(plan, train_step, predicted)`` writes your ``train_step`` and your ``plan`` to a
+temporary folder, launches ``capstone_ranks.py`` on ``nproc`` ranks with torchrun
+(``tutorial_utils.distributed.launch``: gloo on a CPU), and checks what every rank reported:
+
+1. the step equals one process: every rank computes one process's gradients on the whole batch
+   *first*, before your code runs, from its own copy of the batch; the gradients your step hands
+   to ``optimizer.step()`` (each rank's shard) must be within the rounding of the sums they go
+   through (``rounding_bound``, derived below), and ``optimizer.step()`` runs once per step;
+2. every rank's peak, measured by the package's accountant (``memory.measure``; on a GPU the
+   caching allocator), over both steps, stays under the budget;
+3. the communication per step, counted at the collectives themselves, is within the bytes you
+   predicted for each collective (``predicted``: ``{"all_gather": bytes, ...}``), and the
+   prediction is a bound worth the name: at most 10% above what moved.
+
+The hint fits the kind of attempt: over the budget, which lever is left; a wrong step, what
+differs from one process (the ranks' sum instead of their average, a micro-batch weighted k
+times); more bytes than predicted, which collective and why. The reference is computed in the
+ranks before your step runs, and the verdict is this module's: a learner's step that edits the
+grader's books in its own process (the rank script's counters) is out of scope, as in capstone
+1's grader. Your step runs in other processes: it may use only its arguments, ``torch``,
+``torch.distributed as dist`` and ``nn``, not the notebook's variables.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import tempfile
+import textwrap
+from pathlib import Path
+
+from capstone_ranks import BLOCKS, GLOBAL_BATCH, SHARDS, STEPS, WIDTH, build_model
+
+from tutorial_utils.distributed import LaunchError, launch
+from tutorial_utils.exercises import Feedback, checker
+from tutorial_utils.exercises.answers import whole_number
+from tutorial_utils.exercises.parallel import rounding_bound
+from tutorial_utils.exercises.shipped import is_shipped
+from tutorial_utils.units import format_bytes
+
+__all__ = ["BUDGET", "COLLECTIVES", "PSI", "check_plan", "gradient_tolerance"]
+
+SCRIPT = Path(__file__).with_name("capstone_ranks.py")
+BUDGET = 30 * 2**20  # bytes per rank: one plain step (DDP) peaks near 54 MiB, ZeRO-3 near 38
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+PSI = sum(p.numel() for p in build_model().parameters())  # parameters, biases included
+LOOSE = 1.10  # a prediction more than 10% above what moved is not a bound worth the name
+TIMEOUT_S = 240
+
+
+def gradient_tolerance() -> float:
+    """How far a correct step's gradients may be from one process's, relative to the largest.
+
+    A weight's gradient is a chain of sums: back through each block's two matrix products (over
+    ``4 * WIDTH`` and ``WIDTH`` terms) and, last, the sum over the ``GLOBAL_BATCH`` samples, which
+    the ranks and micro-batches split and add in another order. Each sum of n terms is within n
+    fp32 roundings of the exact one, on either side (``rounding_bound``): about 7e-4 here,
+    while a gradient summed over 2 ranks instead of averaged is off by 100%, one weighted k
+    times by (k - 1) x 100%."""
+    return rounding_bound(BLOCKS * (4 * WIDTH + WIDTH) + GLOBAL_BATCH)
+
+
+_WHY = {
+    "all_gather": "FSDP2 all-gathers each block's parameters (4 B per parameter in fp32) before "
+    "its forward in every micro-batch and, with ZeRO-3, again before its backward",
+    "reduce_scatter": "FSDP2 reduce-scatters each block's gradients (4 B per parameter) after "
+    "every micro-batch's backward, unless gradient sync is off for all micro-batches but the "
+    "last (model.set_requires_gradient_sync(False))",
+    "all_reduce": "DDP all-reduces every gradient (4 B per parameter) after every micro-batch's "
+    "backward unless that backward runs under model.no_sync(); a step that averages by hand "
+    "all-reduces each gradient itself",
+    "broadcast": "a broadcast sends a whole tensor from one rank to every other",
+}
+
+
+def _plan(fb: Feedback, plan: object) -> dict:
+    fb.require(
+        type(plan) is dict,
+        f"plan is a dict like {{'shard': 'zero3', 'micro_batches': 4, 'checkpointing': False}}, "
+        f"not {type(plan).__name__}",
+        brief="plan is not a dict",
+    )
+    shard, k, ckpt = (
+        plan.get("shard"),
+        whole_number(plan.get("micro_batches")),
+        plan.get("checkpointing"),
+    )
+    fb.require(
+        isinstance(shard, str) and str(shard) in SHARDS,
+        f"plan['shard'] is one of {', '.join(SHARDS)}, not {shard!r}",
+        brief="plan['shard'] is not one of the choices",
+    )
+    per_rank = GLOBAL_BATCH // 4  # the most ranks the notebook uses
+    fb.require(
+        k is not None and 1 <= k and per_rank % k == 0,
+        f"plan['micro_batches'] is a whole number that divides {per_rank} (the samples of a "
+        f"rank, with up to 4 ranks), not {plan.get('micro_batches')!r}",
+        brief="plan['micro_batches'] is not a usable number",
+    )
+    fb.require(
+        type(ckpt) is bool,
+        f"plan['checkpointing'] is True or False, not {ckpt!r}",
+        brief="plan['checkpointing'] is not True or False",
+    )
+    return {"shard": str(shard), "micro_batches": k, "checkpointing": ckpt}
+
+
+def _prediction(fb: Feedback, predicted: object) -> dict[str, int]:
+    fb.require(
+        type(predicted) is dict and set(predicted) <= set(COLLECTIVES),
+        f"predicted maps collectives ({', '.join(COLLECTIVES)}) to the bytes each moves in one "
+        f"step, not {predicted!r}",
+        brief="predicted is not a dict of collectives to bytes",
+    )
+    plain = {name: whole_number(predicted.get(name, 0)) for name in COLLECTIVES}
+    bad = [name for name, b in plain.items() if b is None or b < 0]
+    fb.require(
+        not bad,
+        f"predicted[{bad[0] if bad else ''!r}] must be a whole number of bytes (0 or more): "
+        "compute it from PSI, the micro-batches and 4 bytes per fp32 value",
+        brief="a predicted byte count is not a whole number",
+    )
+    return plain
+
+
+def _source(fb: Feedback, train_step: object) -> str:
+    fb.require(callable(train_step), "train_step must be a function", brief="not a function")
+    try:
+        source = textwrap.dedent(inspect.getsource(train_step))
+    except (OSError, TypeError):
+        fb.fail(
+            "the grader cannot read train_step's source: define it with `def` in a cell",
+            brief="train_step's source cannot be read",
+        )
+    header = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
+    return header + source + f"\n\ntrain_step = {train_step.__name__}\n"
+
+
+def _run(fb: Feedback, plan: dict, source: str, nproc: int) -> dict[int, dict]:
+    with tempfile.TemporaryDirectory(prefix="capstone2-") as tmp:
+        (Path(tmp) / "plan.json").write_text(json.dumps(plan))
+        (Path(tmp) / "step.py").write_text(source)
+        args = ["--plan", str(Path(tmp) / "plan.json"), "--step", str(Path(tmp) / "step.py")]
+        try:
+            reports = launch(SCRIPT, nproc, args, timeout=TIMEOUT_S, echo=None).reports
+        except LaunchError as err:
+            reports = err.result.reports
+            errors = [r["error"] for r in reports.values() if "error" in r]
+            fb.require(
+                errors,
+                f"the ranks failed before they could report: {str(err).splitlines()[0]}",
+                brief="the ranks failed",
+            )
+    errors = {rank: r["error"] for rank, r in reports.items() if "error" in r}
+    if errors:
+        rank, error = min(errors.items())
+        fb.hints[:] = ["run it in your head on one rank: what does each line get, and return?"]
+        fb.fail(f"your train_step raised on rank {rank}: {error}", brief="your train_step raised")
+    fb.require(
+        sorted(reports) == list(range(nproc)),
+        f"only ranks {sorted(reports)} of {nproc} reported",
+        brief="a rank did not report",
+    )
+    return reports
+
+
+@checker(
+    answers=("plan", "train_step", "predicted"),
+    shipped_hint="what does each rank's p.grad hold after the loop, against one process's?",
+)
+def check_plan(
+    plan: dict,
+    train_step,
+    predicted: dict,
+    budget_bytes: int = BUDGET,
+    nproc: int = 2,
+    most_bytes: int | None = None,
+) -> Feedback:
+    """Run ``plan`` with ``train_step`` on ``nproc`` ranks; see the module docstring.
+    ``most_bytes``: when given, the bytes moved in one step (all collectives) must not exceed it."""
+    budget = whole_number(budget_bytes)
+    if budget is None or budget <= 0 or whole_number(nproc) not in (2, 4):
+        raise ValueError("check_plan: budget_bytes is a positive number of bytes, nproc 2 or 4")
+    fb = Feedback(
+        f"one training step in {format_bytes(budget)} per rank on {nproc} ranks, equal to one "
+        "process, moving the bytes you predicted"
+    )
+    fb.hint("three things are checked in turn: the gradients, each rank's peak, the bytes moved")
+    plan, predicted = _plan(fb, plan), _prediction(fb, predicted)
+    fb.require(not is_shipped(train_step), "the step is the exercise's starting code")  # no launch
+    reports = _run(fb, plan, _source(fb, train_step), nproc)
+    fb.measured = reports  # for the notebook to show: each rank's peaks and bytes
+
+    # 1. The same step as one process.
+    steps = {rank: r["optimizer_steps"] for rank, r in reports.items()}
+    fb.require(
+        all(n == STEPS for n in steps.values()),
+        f"call optimizer.step() exactly once per train_step ({STEPS} steps ran; per rank: {steps})",
+        brief="optimizer.step() is not called once per step",
+    )
+    tol, k, world = gradient_tolerance(), plan["micro_batches"], nproc
+    for rank, r in sorted(reports.items()):
+        g = r["grads"]
+        fb.require(not g["missing"], "some parameters had no gradient at optimizer.step()")
+        if g["gap"] < tol:
+            continue
+        ratio = g["ratio"]
+        if abs(ratio - world) < 0.05 * world:
+            what = f"{ratio:.2f}x one process's: the ranks' gradients were summed, not averaged"
+            fix = "divide each all-reduced gradient by dist.get_world_size()"
+        elif k > 1 and abs(ratio - k) < 0.05 * k:
+            what = f"{ratio:.2f}x one process's: each micro-batch counted as a whole batch"
+            fix = "divide each micro-batch's loss by the number of micro-batches before backward()"
+        else:
+            what = f"{ratio:.2f}x one process's in size, cosine {g['cosine']:.3f} in direction"
+            fix = "every sample once, with the same weight: equal micro-batches, each loss / k"
+        fb.hints[:], fb.fixes[:] = (
+            [
+                "the step runs, but its gradients are not one process's on the whole batch: which "
+                "average is missing, over the micro-batches or over the ranks?"
+            ],
+            [fix],
+        )
+        fb.fail(
+            f"on rank {rank} the gradients handed to optimizer.step() differ from one process's "
+            f"by {g['gap']:.1e} of the largest (at most {tol:.1e}, the rounding): they are {what}",
+            brief="the step's gradients are not one process's",
+        )
+
+    # 2. Every rank's peak under the budget.
+    rank, peak = max(((rank, max(r["peaks"])) for rank, r in reports.items()), key=lambda x: x[1])
+    state = reports[rank]["state_bytes"]
+    if not fb.expect(
+        peak <= budget,
+        f"rank {rank} peaked at {format_bytes(peak)}, over the budget of {format_bytes(budget)} "
+        f"(its training state at rest: {format_bytes(state)}; the rest of the peak is activations "
+        "and gathered parameters)",
+        brief="a rank's peak is over the budget",
+    ):
+        fb.hints[:], fb.fixes[:] = _lever(plan, state, budget)
+
+    # 3. The bytes moved per step, within the prediction.
+    moved = {
+        c: max(step.get(c, 0) for r in reports.values() for step in r["comm"]) for c in COLLECTIVES
+    }
+    over = [c for c in COLLECTIVES if moved[c] > predicted[c]]
+    for c in over:
+        fb.expect(
+            False,
+            f"{c} moved {moved[c]:,} B in one step ({moved[c] / (4 * PSI):.2f} x 4 PSI), you "
+            f"predicted {predicted[c]:,} B: {_WHY[c]}",
+            brief="more bytes moved than you predicted",
+        )
+    if over and not fb.problems[: -len(over)]:
+        fb.hints[:] = [f"count the {over[0]} calls of one step: how many per micro-batch?"]
+        fb.fixes[:] = [f"{c}: {moved[c] // (4 * PSI)} x 4 * PSI bytes" for c in over]
+    total_moved, total_predicted = sum(moved.values()), sum(predicted.values())
+    if most_bytes is not None and not fb.expect(
+        total_moved <= most_bytes,
+        f"your plan moved {total_moved:,} B in one step, more than the {most_bytes:,} B asked for",
+        brief="the plan moves more bytes than the exercise allows",
+    ):
+        fb.hints[:] = ["which lever multiplies the collectives, and which shrinks memory without?"]
+    if not over and not fb.expect(
+        total_predicted <= LOOSE * total_moved,
+        f"you predicted {total_predicted:,} B in all and {total_moved:,} B moved: a bound "
+        f"{total_predicted / max(total_moved, 1):.1f}x too high says little; the formulas are "
+        "exact here (bytes per collective: " + ", ".join(f"{c} {moved[c]:,}" for c in moved) + ")",
+        brief="your prediction is far above what moved",
+    ):
+        fb.hints[:] = ["which collectives does your plan call, and how many times per step?"]
+    return fb
+
+
+def _lever(plan: dict, state: int, budget: int) -> tuple[list[str], list[str]]:
+    """The hint and the fix for a plan over the budget: the lever it has not pulled yet."""
+    if plan["shard"] in ("replicate", "ddp"):
+        return (
+            [
+                f"every rank keeps the whole training state ({format_bytes(state)}: 16 B per "
+                "parameter with Adam): which ZeRO stage splits it over the ranks?"
+            ],
+            ["plan['shard'] = 'zero3': parameters, gradients and Adam's state, each 1/N per rank"],
+        )
+    if plan["shard"] == "zero2":
+        return (
+            ["ZeRO-2 keeps each block's gathered parameters from its forward to its backward"],
+            ["plan['shard'] = 'zero3' frees each block's gathered parameters after its forward"],
+        )
+    if state > budget:
+        return (["the sharded state alone is over: more ranks split it further"], ["nproc=4"])
+    levers = []
+    if plan["micro_batches"] == 1:
+        levers.append("plan['micro_batches'] = 4")
+    if not plan["checkpointing"]:
+        levers.append("plan['checkpointing'] = True")
+    return (
+        [
+            "above the sharded state, the activations are what is left: what keeps fewer of them "
+            "alive at once?"
+        ],
+        [" and/or ".join(levers) or "more micro-batches"],
+    )
