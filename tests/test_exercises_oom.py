@@ -278,9 +278,8 @@ def test_04_shows_each_allocator_demo_it_runs() -> None:
             if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "allocator_gpu"
         ):
             ran += 1
-            shown = '"scripts/growing_batch.py"' if name == "growing_batch" else f'"{name}"'
-            assert "listing.show(" in src and shown in src, f"{name} runs without being shown"
-    assert ran == 4
+            assert "listing.show(" in src and f'"{name}"' in src, f"{name} runs without being shown"
+    assert ran == 2, "oom_under_fraction and snapshot_live_blocks"
 
 
 def _clinic(shape: tuple[int, int, int, int] | None = None, k: int | None = None, **world):

@@ -1,6 +1,6 @@
 """The GPU-only allocator demos of notebook 04: each runs PyTorch's own calls and returns what
-it measured; the notebook shows each function (``listing.show``) before it runs it, then prints
-what it returned and checks it.
+it measured; the notebook shows each function it runs (``listing.show``) before it runs it, then
+prints what it returned and checks it (``growing_batch`` is left to the learner to run).
 
 They need the CUDA caching allocator; without CUDA each raises a one-sentence RuntimeError (the
 notebook calls them only when a GPU is there, and says on a CPU what it skipped).
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["empty_cache_steps", "growing_batch", "oom_under_fraction", "snapshot_live_blocks"]
+__all__ = ["growing_batch", "oom_under_fraction", "snapshot_live_blocks"]
 
 MiB = 2**20
 
@@ -46,26 +46,6 @@ def oom_under_fraction(step: Callable[[], object], limit: int, device) -> tuple[
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
     return message, torch.cuda.memory_stats(device)["num_ooms"] - ooms_before
-
-
-def empty_cache_steps(device) -> dict[str, tuple[int, int]]:
-    """(allocated, reserved) after each step, from a live 32 MiB tensor (a segment of its own)."""
-    _need_cuda("empty_cache_steps")
-
-    def counters() -> tuple[int, int]:
-        torch.cuda.synchronize(device)
-        return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
-
-    torch.cuda.empty_cache()  # start from a cache with nothing free in it
-    keep = torch.empty(32 * MiB, dtype=torch.uint8, device=device)
-    steps = {"a live 32 MiB tensor": counters()}
-    torch.cuda.empty_cache()
-    steps["empty_cache(), tensor alive"] = counters()
-    del keep
-    steps["after del"] = counters()
-    torch.cuda.empty_cache()
-    steps["after empty_cache()"] = counters()
-    return steps
 
 
 def snapshot_live_blocks(work: Callable[[], object], path: str | os.PathLike) -> list[dict]:
