@@ -171,14 +171,25 @@ class StepPeak:
         return self
 
     def phase(self, name: str):
-        if self.device.type == "cuda":  # one peak for the whole step on GPU
-            return contextlib.nullcontext()
+        if self.device.type == "cuda":
+            return self._cuda_phase(name)
         return torch.profiler.record_function("phase:" + name)
+
+    @contextlib.contextmanager
+    def _cuda_phase(self, name: str):
+        """GPU: the allocator's peak counter, reset at the phase's start, read at its end."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - self._start
+        self.peaks[name] = max(self.peaks.get(name, 0), peak)
 
     def __exit__(self, *exc) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peaks["step"] = torch.cuda.max_memory_allocated(self.device) - self._start
+            rest = torch.cuda.max_memory_allocated(self.device) - self._start
+            self.peaks["step"] = max(rest, *self.peaks.values()) if self.peaks else rest
             return
         self._prof.__exit__(*exc)
         marks, allocations = [], []
