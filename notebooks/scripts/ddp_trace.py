@@ -31,8 +31,11 @@ def read_trace(path) -> dict:
     }
 
 
-def draw_trace(trace: dict) -> plt.Figure:
-    """One row of backward ops and one of gloo transfers per rank, bucket launches as ticks."""
+def draw_trace(trace: dict) -> None:
+    """One row of backward ops and one of gloo transfers per rank, bucket launches as ticks.
+
+    Returns nothing: the notebook's inline backend shows the figure once, at the end of the cell.
+    """
     t0 = min(t["start"] for t in trace.values())
 
     def ms(events):
@@ -50,4 +53,3 @@ def draw_trace(trace: dict) -> plt.Figure:
     ax.set_xlabel("ms since the first rank's forward started")
     ax.set_title("One DDP step: backward ops (blue), bucket launches (black), all-reduces (orange)")
     fig.tight_layout()
-    return fig
