@@ -559,10 +559,11 @@ EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 
 
 def test_every_script_the_course_launches_is_in_the_clean_exit_test():
-    # not torchrun scripts: 04's GPU demos run as a child, 01's, 03's, 08's and 05's are
+    # not torchrun scripts: 04's GPU demos run as a child, 01's, 03's, 07's, 08's and 05's are
     # imported in-kernel, 00's and 02's run as one process; crash_demo.py fails on purpose
     not_launched = {"common.py", "crash_demo.py", "allocator_gpu.py", "growing_batch.py"}
     in_kernel = {"transfer_gpu.py", "cudnn_benchmark.py", "pipeline_timing.py", "reconcile.py"}
+    in_kernel |= {"ddp_trace.py"}  # 07 reads ddp_seen.py's traces with it
     single = {"allocator_vs_nvml.py", "cuda_visible_devices.py"}
     launched = {p.name for p in SCRIPTS.glob("*.py")} - not_launched - in_kernel - single
     assert launched == set(COURSE_SCRIPTS)
