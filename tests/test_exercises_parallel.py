@@ -679,3 +679,25 @@ def test_ddp_step_time_reports_one_bucket_and_both_timings():
         assert rep["buckets"] == 1, "the gradients must fit one bucket: nothing overlaps backward"
         assert rep["message_bytes"] == 32 * 2**20
         assert all(rep[k] > 0 for k in ("allreduce_s", "sync", "no_sync"))
+
+
+def test_ddp_trace_reads_only_the_training_threads_backward_and_launches(tmp_path):
+    """07 §4 counts bucket launches on the thread that ran DDP's forward: an all-reduce launched
+    from another thread, or an event that is not a complete ("X") one, must not count."""
+    ddp_trace = load_file(SCRIPTS / "ddp_trace.py")
+    grad = "autograd::engine::evaluate_function: AddmmBackward0"
+    events = [
+        {"ph": "X", "name": "DistributedDataParallel.forward", "tid": 1, "ts": 10, "dur": 5},
+        {"ph": "X", "name": grad, "tid": 1, "ts": 20, "dur": 1},
+        {"ph": "X", "name": "c10d::allreduce_", "tid": 1, "ts": 22, "dur": 1},
+        {"ph": "X", "name": "c10d::allreduce_", "tid": 2, "ts": 23, "dur": 1},  # another thread
+        {"ph": "B", "name": "c10d::allreduce_", "tid": 1, "ts": 24},  # not a complete event
+        {"ph": "X", "name": "gloo:all_reduce", "tid": 3, "ts": 25, "dur": 4},
+    ]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    trace = ddp_trace.read_trace(path)
+    assert trace["start"] == 10
+    assert [e["ts"] for e in trace["launches"]] == [22]
+    assert [e["ts"] for e in trace["layer_grads"]] == [20] == [e["ts"] for e in trace["backward"]]
+    assert [e["tid"] for e in trace["transfers"]] == [3]
