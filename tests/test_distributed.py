@@ -562,7 +562,7 @@ EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 def test_every_script_the_course_launches_is_in_the_clean_exit_test():
     # not torchrun scripts: 04's GPU demos run as a child; 00's, 01's, 03's, 04's, 05's, 07's, 08's,
     # 10's and 11's helpers are imported in-kernel; 00's, 02's and 05's recipes run as one process;
-    # imported in-kernel, 00's and 02's run as one process; crash_demo.py fails on purpose
+    # crash_demo.py fails on purpose
     not_launched = {"common.py", "crash_demo.py", "allocator_gpu.py", "growing_batch.py"}
     # capstone_ranks.py is launched by capstone_grader.py with a learner's plan (11): its own
     # tests (tests/test_exercises_capstone_ranks.py) launch it
