@@ -110,3 +110,31 @@ def test_samples_that_are_not_times_raise_one_sentence() -> None:
         check_fastest_fit("micro", SAMPLE_PEAKS, {**SAMPLES, "micro": []}, BUDGET)
     with pytest.raises(ValueError, match=r"^[^\n]+$"):
         check_fastest_fit("micro", SAMPLE_PEAKS, {**SAMPLES, "micro": [0.1, -1.0]}, BUDGET)
+
+
+def test_section_5s_sentences_follow_the_samples() -> None:
+    """06 §5 prints ``capstone_timing.verdict``: a direction only where every sample agrees,
+    the reason for that direction, and nothing that says which combination fits."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
+    from capstone_timing import verdict
+
+    cpu = torch.device("cpu")
+    seconds = {
+        "plain": [0.010, 0.011, 0.012],
+        "checkpointing": [0.020, 0.021, 0.030],  # every sample slower
+        "4 micro-batches": [0.005, 0.006, 0.009],  # every sample faster
+        "bf16 autocast": [0.009, 0.013, 0.020],  # overlaps plain's
+    }
+    said = {name: verdict(name, MiB, seconds, cpu) for name in seconds}
+    assert said["checkpointing"].endswith(
+        "slower in every round: " + "each encoder layer's forward runs again in backward"
+    )
+    assert "faster in every round: smaller operators" in said["4 micro-batches"]
+    assert "no difference that holds" in said["bf16 autocast"]
+    assert "every round" not in said["bf16 autocast"] and "every round" not in said["plain"]
+    assert not any("fit" in line for line in said.values())

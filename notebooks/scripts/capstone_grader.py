@@ -125,6 +125,9 @@ def _prediction(fb: Feedback, predicted: object) -> dict[str, int]:
     return plain
 
 
+_HEADER = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
+
+
 def _source(fb: Feedback, train_step: object) -> str:
     fb.require(callable(train_step), "train_step must be a function", brief="not a function")
     try:
@@ -134,25 +137,35 @@ def _source(fb: Feedback, train_step: object) -> str:
             "the grader cannot read train_step's source: define it with `def` in a cell",
             brief="train_step's source cannot be read",
         )
-    header = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
-    return header + source + f"\n\ntrain_step = {train_step.__name__}\n"
+    return _HEADER + source + f"\n\ntrain_step = {train_step.__name__}\n"
 
 
-def _run(fb: Feedback, plan: dict, source: str, nproc: int) -> dict[int, dict]:
+def _launch(plan: dict, source: str, nproc: int):
     with tempfile.TemporaryDirectory(prefix="capstone2-") as tmp:
         (Path(tmp) / "plan.json").write_text(json.dumps(plan))
         (Path(tmp) / "step.py").write_text(source)
         args = ["--plan", str(Path(tmp) / "plan.json"), "--step", str(Path(tmp) / "step.py")]
-        try:
-            reports = launch(SCRIPT, nproc, args, timeout=TIMEOUT_S, echo=None).reports
-        except LaunchError as err:
-            reports = err.result.reports
-            errors = [r["error"] for r in reports.values() if "error" in r]
-            fb.require(
-                errors,
-                f"the ranks failed before they could report: {str(err).splitlines()[0]}",
-                brief="the ranks failed",
-            )
+        return launch(SCRIPT, nproc, args, timeout=TIMEOUT_S, echo=None)
+
+
+def run_plan(plan: dict, train_step, nproc: int = 2):
+    """Launch ``plan`` with ``train_step`` on ``nproc`` ranks as ``check_plan`` does, ungraded:
+    the ``launch`` result (``.command_line``; ``.reports``, each rank's peaks, bytes, gradients)."""
+    source = _HEADER + textwrap.dedent(inspect.getsource(train_step))
+    return _launch(plan, source + f"\n\ntrain_step = {train_step.__name__}\n", nproc)
+
+
+def _run(fb: Feedback, plan: dict, source: str, nproc: int) -> dict[int, dict]:
+    try:
+        reports = _launch(plan, source, nproc).reports
+    except LaunchError as err:
+        reports = err.result.reports
+        errors = [r["error"] for r in reports.values() if "error" in r]
+        fb.require(
+            errors,
+            f"the ranks failed before they could report: {str(err).splitlines()[0]}",
+            brief="the ranks failed",
+        )
     errors = {rank: r["error"] for rank, r in reports.items() if "error" in r}
     if errors:
         rank, error = min(errors.items())
