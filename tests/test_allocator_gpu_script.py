@@ -67,12 +67,16 @@ def test_tensors_held_names_the_failed_calls_locals():
         batch = torch.ones(4)  # noqa: F841 (the frame holds it: the point)
         raise torch.OutOfMemoryError("planted")
 
-    try:
-        failing_step()
-    except torch.OutOfMemoryError as caught:
-        err = caught
+    def caught() -> BaseException:  # as a notebook cell would catch it (not this test's frame)
+        try:
+            failing_step()
+        except torch.OutOfMemoryError as oom:
+            return oom
+        raise AssertionError("no error")
+
+    err = caught()
     held = om.tensors_held(err)
     assert [(fn, name) for fn, name, _ in held] == [("failing_step", "batch")]
     del err
-    gc.collect()  # the test's own frame is in the traceback too: a cycle
+    gc.collect()  # caught()'s frame and its exception form a cycle
     assert held[0][2]() is None, "dropping the exception frees the frame's tensor"
