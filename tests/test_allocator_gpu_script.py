@@ -4,6 +4,7 @@ notebook 04 runs them and checks what they return)."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,27 @@ def test_oom_message_reads_each_clause():
     assert found["free"] == "78.50 GiB" and found["allowed"] == "91.42 MiB"
     assert om.to_bytes(found["tried to allocate"]) == 32 * 2**20
     assert om.clauses("CUDA out of memory. Tried to allocate 2.00 MiB.")["allowed"] is None
+
+
+def test_tensors_held_names_the_failed_calls_locals():
+    """oom_message.tensors_held: the tensors the frames of an exception's traceback hold (what
+    notebook 04 frees by dropping the exception), found by function and variable."""
+    om = load_file(SCRIPTS / "oom_message.py")
+
+    def failing_step():
+        batch = torch.ones(4)  # noqa: F841 (the frame holds it: the point)
+        raise torch.OutOfMemoryError("planted")
+
+    def caught() -> BaseException:  # as a notebook cell would catch it (not this test's frame)
+        try:
+            failing_step()
+        except torch.OutOfMemoryError as oom:
+            return oom
+        raise AssertionError("no error")
+
+    err = caught()
+    held = om.tensors_held(err)
+    assert [(fn, name) for fn, name, _ in held] == [("failing_step", "batch")]
+    del err
+    gc.collect()  # caught()'s frame and its exception form a cycle
+    assert held[0][2]() is None, "dropping the exception frees the frame's tensor"

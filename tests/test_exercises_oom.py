@@ -264,7 +264,7 @@ def test_04_states_the_logits_bytes_as_computed() -> None:
     """Old cell 50 said 16 GiB for 4·s·b·v at s = 4096, b = 8, v = 128 000: it is 15.6 GiB."""
     assert 4 * 4096 * 8 * 128_000 / 2**30 == 15.625
     assert not any("16 GiB" in src for src in _sources("markdown") + _sources("code"))
-    assert "format_bytes(4 * 4096 * 8 * 128_000)" in _code_cell("def loss_step(upcast")
+    assert "format_bytes(4 * 4096 * 8 * 128_000)" in _code_cell("def loss_step(")
 
 
 def test_04_shows_each_allocator_demo_it_runs() -> None:
@@ -294,12 +294,13 @@ def _clinic(shape: tuple[int, int, int, int] | None = None, k: int | None = None
     ns = {"torch": torch, "nn": nn, "models": models, "memory": memory, "caps": caps}
     ns.update(device=torch.device("cpu"), dev="cpu", checkpoint=checkpoint)
     ns.update(format_bytes=format_bytes, **world)
-    exec(_code_cell("def loss_step(upcast"), ns)
+    bf16 = _code_cell("def loss_step(")
     if shape is not None:
-        b, s, v, h = shape
-        ns.update(b=b, s=s, v=v, h=h)
-        ns["labels"] = torch.randint(0, v, (b * s,), generator=models.seeded(3))
-    exec(_code_cell("def amp_loss_step("), ns)
+        line = "\nb, s, v, h = 4, 64, 8000, 64\n"
+        assert line in bf16
+        bf16 = bf16.replace(line, "\nb, s, v, h = {}, {}, {}, {}\n".format(*shape))
+    exec(bf16, ns)
+    exec(_code_cell("autocast casts them per forward"), ns)
     chunked = _code_cell("def chunked_cross_entropy(")
     if k is not None:
         assert "\nk = 4\n" in chunked

@@ -59,13 +59,8 @@ def snapshot_live_blocks(work: Callable[[], object], path: str | os.PathLike) ->
         torch.cuda.memory._record_memory_history(enabled=None)  # stop recording
     del result
     with open(path, "rb") as f:
-        snapshot = pickle.load(f)
-    live = [
-        block
-        for segment in snapshot["segments"]
-        for block in segment["blocks"]
-        if block["state"] == "active_allocated"
-    ]
+        segments = pickle.load(f)["segments"]
+    live = [b for seg in segments for b in seg["blocks"] if b["state"] == "active_allocated"]
     return sorted(live, key=lambda block: block["size"], reverse=True)
 
 

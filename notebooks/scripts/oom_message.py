@@ -1,4 +1,5 @@
-"""Notebook 04's reader for a CUDA out-of-memory message: the text of each clause.
+"""Notebook 04's reader for a CUDA out-of-memory message (the text of each clause), and for
+what an out-of-memory error's traceback keeps alive (``tensors_held``).
 
 The clauses are those of the message built in PyTorch's ``c10/cuda/CUDACachingAllocator.cpp``
 (notebook 04 §2 has a table of what each one means); ``to_bytes`` turns a size into bytes.
@@ -7,6 +8,10 @@ The clauses are those of the message built in PyTorch's ``c10/cuda/CUDACachingAl
 from __future__ import annotations
 
 import re
+import traceback
+import weakref
+
+import torch
 
 CLAUSES = {  # clause -> the pattern that finds its value in the CUDA message
     "tried to allocate": r"Tried to allocate ([\d.]+ \w+)",
@@ -31,3 +36,15 @@ def to_bytes(size: str) -> float:
     """ "32.00 MiB" -> 33554432.0"""
     value, unit = size.split()
     return float(value) * UNITS[unit]
+
+
+def tensors_held(exc: BaseException) -> list[tuple[str, str, weakref.ref]]:
+    """(function, variable, weak reference) for each tensor a local of the exception's frames
+    holds, the cell's own frame left out (it holds only globals)."""
+    return [
+        (f.f_code.co_name, k, weakref.ref(v))
+        for f, _ in traceback.walk_tb(exc.__traceback__)
+        if f.f_code.co_name != "<module>"
+        for k, v in f.f_locals.items()
+        if isinstance(v, torch.Tensor)
+    ]
