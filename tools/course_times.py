@@ -254,8 +254,8 @@ MAX_COURSE_MIN = 480
 MAX_NOTEBOOK_MIN = 60
 
 
-def _day_part(name: str) -> Part:
-    return Part(name, None, exercises=1, leave_out=READING.get(name, ()))
+def _day_part(name: str, exercises: bool | int = 1) -> Part:
+    return Part(name, None, exercises=exercises, leave_out=READING.get(name, ()))
 
 
 SYLLABI: tuple[Syllabus, ...] = (
@@ -274,22 +274,22 @@ SYLLABI: tuple[Syllabus, ...] = (
         slack_min=10,
     ),
     Syllabus(
-        "the one-device track, a day (8.5 hours)",
-        510,
-        90,
-        tuple(_day_part(name) for name in ONE_DEVICE),
-        "all but one exercise of each notebook (homework); the several-devices track (a second "
-        "day)",
+        "the one-device track, a day (7 hours)",
+        420,
+        60,
+        tuple(_day_part(name, exercises=True) for name in ONE_DEVICE),
+        "nothing of the track (every exercise in the room); the several-devices track (a "
+        "second day)",
         slack_min=30,
     ),
     Syllabus(
-        "the several-devices track, a day (8.5 hours)",
-        510,
-        90,
-        tuple(_day_part(name) for name in SEVERAL_DEVICES),
-        "all but one exercise of each notebook (homework); 07's section 3, multi-node and "
-        "Slurm (reading, or a demo on `make cluster`); before the day, learners read 01-03 "
-        "(moving and creating tensors, where memory goes)",
+        "the several-devices track, a short day (6.5 hours)",
+        390,
+        60,
+        (_day_part("03_where_memory_goes.ipynb"),)
+        + tuple(_day_part(name, exercises=True) for name in SEVERAL_DEVICES),
+        "07's section 3, multi-node and Slurm (reading, or a demo on `make cluster`); 03's "
+        "other exercises; before the day, learners read 01-02 (moving and creating tensors)",
         slack_min=30,
     ),
     Syllabus(
@@ -297,21 +297,20 @@ SYLLABI: tuple[Syllabus, ...] = (
         510,
         90,
         (
-            Part("00_start_here.ipynb", ("Intro", "How the course", "1.", "3."), exercises=0),
-            Part("03_where_memory_goes.ipynb", ("Intro", "1.", "2.", "3.", "4."), exercises=0),
-            Part("03_where_memory_goes.ipynb", ("Exercises",), exercises=1),
-            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2."), exercises=0),
+            _day_part("00_start_here.ipynb"),
+            _day_part("03_where_memory_goes.ipynb"),
+            Part("04_out_of_memory.ipynb", ("Intro", "1.", "2.", "3."), exercises=0),
             Part("04_out_of_memory.ipynb", ("Exercises",), exercises=1),
-            Part("06_capstone_make_it_fit.ipynb", None, exercises=1),
+            _day_part("05_mixed_precision_and_cudnn.ipynb"),
+            _day_part("06_capstone_make_it_fit.ipynb"),
             Part("07_data_parallelism.ipynb", ("Intro", "1.", "2."), exercises=0),
             Part("07_data_parallelism.ipynb", ("Exercises",), exercises=1),
-            Part("09_zero_and_fsdp2.ipynb", ("Intro", "1.", "2."), exercises=0),
-            Part("09_zero_and_fsdp2.ipynb", ("Exercises",), exercises=1),
-            Part("11_capstone_make_it_fit_across_ranks.ipynb", None, exercises=1),
+            _day_part("09_zero_and_fsdp2.ipynb"),
+            _day_part("11_capstone_make_it_fit_across_ranks.ipynb"),
         ),
-        "the morning is the one-device track's core and capstone 1, the afternoon the "
-        "several-devices track's core and capstone 2; 01, 02, 05, 08 and 10, the other "
-        "sections and exercises are homework, in the course's order",
+        "the morning is the one-device track without 01-02 (read them before the day) and with "
+        "capstone 1, the afternoon DDP, ZeRO and FSDP2 and capstone 2; 04's clinic, 07's "
+        "sections 3-5, 08 and 10 and the other exercises are homework, in the course's order",
         slack_min=30,
     ),
 )

@@ -23,18 +23,18 @@ RELEASE = "v0.1.0"
 #: ``python tools/course_times.py --write`` rewrites this block, ``--check`` compares it.
 # BEGIN MINUTES (written by tools/course_times.py --write)
 MINUTES: dict[str, int] = {
-    "00_start_here.ipynb": 35,
-    "01_moving_tensors.ipynb": 45,
-    "02_creating_tensors_on_the_right_device.ipynb": 35,
-    "03_where_memory_goes.ipynb": 70,
-    "04_out_of_memory.ipynb": 55,
-    "05_mixed_precision_and_cudnn.ipynb": 60,
-    "06_capstone_make_it_fit.ipynb": 55,
-    "07_data_parallelism.ipynb": 65,
-    "08_model_parallelism.ipynb": 40,
-    "09_zero_and_fsdp2.ipynb": 45,
-    "10_tensor_and_sequence_parallelism.ipynb": 55,
-    "11_capstone_make_it_fit_across_ranks.ipynb": 45,
+    "00_start_here.ipynb": 30,
+    "01_moving_tensors.ipynb": 35,
+    "02_creating_tensors_on_the_right_device.ipynb": 30,
+    "03_where_memory_goes.ipynb": 50,
+    "04_out_of_memory.ipynb": 45,
+    "05_mixed_precision_and_cudnn.ipynb": 45,
+    "06_capstone_make_it_fit.ipynb": 50,
+    "07_data_parallelism.ipynb": 45,
+    "08_model_parallelism.ipynb": 35,
+    "09_zero_and_fsdp2.ipynb": 40,
+    "10_tensor_and_sequence_parallelism.ipynb": 40,
+    "11_capstone_make_it_fit_across_ranks.ipynb": 40,
 }
 # END MINUTES
 
