@@ -196,3 +196,18 @@ def test_check_exits_1_and_says_how_to_fix(capsys, monkeypatch):
     monkeypatch.setattr(ct, "problems", lambda ests: ["x states 1 minutes"])
     assert ct.main(["--check"]) == 1
     assert "course_times.py --write" in capsys.readouterr().out
+
+
+def test_the_course_fits_its_time_budget():
+    """Issue 32: at most MAX_NOTEBOOK_MIN per notebook, MAX_COURSE_MIN for the whole course."""
+    problems = ct.budget_problems(ct.estimates())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_budget_check_sees_an_overlong_notebook_and_course(monkeypatch):
+    est = ct.estimates()
+    monkeypatch.setattr(ct, "MAX_NOTEBOOK_MIN", 5)
+    monkeypatch.setattr(ct, "MAX_COURSE_MIN", 60)
+    problems = ct.budget_problems(est)
+    assert sum("over the 5 a notebook may take" in p for p in problems) == len(est)
+    assert any("over its 60" in p for p in problems)
