@@ -45,7 +45,11 @@ class Notebook:
     title: str
     minutes: int  # time a learner needs, reading and running every cell (MINUTES)
     runs_on: str  # where every cell runs for real
-    track: str  # "one device" (00-06, ending in capstone 1) or "several devices" (07-11)
+
+    @property
+    def track(self) -> str:
+        """Its track: the first of TRACKS (00-06, capstone 1) or the second (07-11, capstone 2)."""
+        return TRACKS[self.filename >= "07"]
 
 
 #: The two tracks, in order; each ends in a capstone.
@@ -57,84 +61,72 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Start here: the environment, the gauge, what the numbers mean",
         MINUTES["00_start_here.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
-        "one device",
     ),
     Notebook(
         "01_moving_tensors.ipynb",
         "Moving tensors between devices",
         MINUTES["01_moving_tensors.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
-        "one device",
     ),
     Notebook(
         "02_creating_tensors_on_the_right_device.ipynb",
         "Creating tensors on the right device",
         MINUTES["02_creating_tensors_on_the_right_device.ipynb"],
         "CPU, 1 GPU, 2+ GPUs",
-        "one device",
     ),
     Notebook(
         "03_where_memory_goes.ipynb",
         "Where memory goes: predict, measure, reconcile",
         MINUTES["03_where_memory_goes.ipynb"],
         "CPU (every formula and tool), 1 GPU (offloading to pinned memory)",
-        "one device",
     ),
     Notebook(
         "04_out_of_memory.ipynb",
         "Out-of-memory troubleshooting",
         MINUTES["04_out_of_memory.ipynb"],
         "CPU (budget), 1 GPU (real OOM)",
-        "one device",
     ),
     Notebook(
         "05_mixed_precision_and_cudnn.ipynb",
         "Mixed precision and cuDNN settings",
         MINUTES["05_mixed_precision_and_cudnn.ipynb"],
         "CPU (bf16), 1 GPU (fp16, bf16, TF32, cuDNN)",
-        "one device",
     ),
     Notebook(
         "06_capstone_make_it_fit.ipynb",
         "Capstone 1: make it fit",
         MINUTES["06_capstone_make_it_fit.ipynb"],
         "CPU (budget), 1 GPU",
-        "one device",
     ),
     Notebook(
         "07_data_parallelism.ipynb",
         "Data parallelism: DataParallel, DDP, torchrun and Slurm",
         MINUTES["07_data_parallelism.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
-        "several devices",
     ),
     Notebook(
         "08_model_parallelism.ipynb",
         "Model parallelism and pipelines",
         MINUTES["08_model_parallelism.ipynb"],
         "CPU (gloo), 2+ GPUs",
-        "several devices",
     ),
     Notebook(
         "09_zero_and_fsdp2.ipynb",
         "ZeRO and FSDP2: sharding the training state",
         MINUTES["09_zero_and_fsdp2.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
-        "several devices",
     ),
     Notebook(
         "10_tensor_and_sequence_parallelism.ipynb",
         "Tensor and sequence parallelism, the 2-D mesh, which parallelism when",
         MINUTES["10_tensor_and_sequence_parallelism.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
-        "several devices",
     ),
     Notebook(
         "11_capstone_make_it_fit_across_ranks.ipynb",
         "Capstone 2: make it fit across ranks",
         MINUTES["11_capstone_make_it_fit_across_ranks.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
-        "several devices",
     ),
 )
 
