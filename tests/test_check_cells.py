@@ -419,7 +419,7 @@ def _a_course_with_two_notebooks_05(monkeypatch):
     from tutorial_utils import course
 
     def nb(filename):
-        return course.Notebook(filename, filename, 1, "CPU", "one device")
+        return course.Notebook(filename, filename, 1, "CPU")
 
     old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
     monkeypatch.setattr(course, "NOTEBOOKS", old)
