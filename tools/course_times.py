@@ -42,6 +42,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from tutorial_utils.course import NOTEBOOKS as COURSE_NOTEBOOKS  # noqa: E402
+from tutorial_utils.course import TRACKS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 COURSE_PY = ROOT / "src" / "tutorial_utils" / "course.py"
@@ -241,10 +245,11 @@ class Syllabus:
 
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
-#: The two tracks, as course.py orders them: one device (00-06, capstone 1), several devices
+#: The two tracks, as course.py assigns them: one device (00-06, capstone 1), several devices
 #: (07-11, capstone 2).
-ONE_DEVICE = tuple(n for n in ALL if n[:2] <= "06")
-SEVERAL_DEVICES = tuple(n for n in ALL if n[:2] >= "07")
+ONE_DEVICE, SEVERAL_DEVICES = (
+    tuple(nb.filename for nb in COURSE_NOTEBOOKS if nb.track == track) for track in TRACKS
+)
 #: Sections a day keeps as reading or a demo from the instructor's screen: 07's multi-node
 #: section (torchrun across nodes, Slurm, the course's cluster) needs root and a terminal.
 READING = {"07_data_parallelism.ipynb": ("3.",)}
