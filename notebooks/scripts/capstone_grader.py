@@ -1,43 +1,57 @@
 """Capstone 2's grader (notebook 11): run a sharding plan on real ranks, and check what it did.
 
-``check_plan(plan, train_step, predicted)`` writes your ``train_step`` and your ``plan`` to a
-temporary folder, launches ``capstone_ranks.py`` on ``nproc`` ranks with torchrun
+``check_plan(plan, train_step, predicted)`` first loads your ``train_step`` here, in the
+notebook's process, as the ranks will (its source alone, with ``torch``, ``torch.distributed as
+dist`` and ``nn``): a step that cannot load there (a lambda, a default argument or a name of
+the notebook's) is one sentence, and nothing is launched. Then it writes your ``train_step`` and
+your ``plan`` to a temporary folder (removed by a watchdog if the kernel dies meanwhile),
+launches ``capstone_ranks.py`` on ``nproc`` ranks with torchrun
 (``tutorial_utils.distributed.launch``: gloo on a CPU), and checks what every rank reported:
 
-1. the step equals one process: every rank computes one process's gradients on the whole batch
-   *first*, before your code runs, from its own copy of the batch; the gradients your step hands
-   to ``optimizer.step()`` (each rank's shard) must be within the rounding of the sums they go
-   through (``rounding_bound``, derived below), and ``optimizer.step()`` runs once per step;
+1. the step equals one process at every step: every rank computes one process's gradients on
+   the whole batch *first*, before your code runs, from its own copy of the batch (for each
+   step after the first, at the weights that step starts from, before your code runs again);
+   the gradients your step hands to each ``optimizer.step()`` (each rank's shard) must be within
+   the rounding of the sums they go through (``rounding_bound``, derived below), and
+   ``optimizer.step()`` runs once per call of your step;
 2. every rank's peak, measured by the package's accountant (``memory.measure``; on a GPU the
    caching allocator), over both steps, stays under the budget;
-3. the communication per step, counted at the collectives themselves, is within the bytes you
-   predicted for each collective (``predicted``: ``{"all_gather": bytes, ...}``), and the
-   prediction is a bound worth the name: at most 10% above what moved.
+3. the communication per step, counted at the collectives themselves: each collective within
+   the bytes you predicted for it (``predicted``: ``{"all_gather": bytes, ...}``), and each
+   prediction a bound worth the name: at most 10% above what that collective moved, and 0 for a
+   collective the plan does not call.
 
 The hint fits the kind of attempt: over the budget, which lever is left; a wrong step, what
 differs from one process (the ranks' sum instead of their average, a micro-batch weighted k
-times); more bytes than predicted, which collective and why. The reference is computed in the
-ranks before your step runs, and the verdict is this module's: a learner's step that edits the
-grader's books in its own process (the rank script's counters) is out of scope, as in capstone
-1's grader. Your step runs in other processes: it may use only its arguments, ``torch``,
-``torch.distributed as dist`` and ``nn``, not the notebook's variables.
+times, the previous step's gradients still in ``p.grad``); more bytes than predicted, which
+collective and why. The reference is computed in the ranks before your step runs, and the
+verdict is this module's: a learner's step that edits the grader's books in its own process (the
+rank script's counters) is out of scope, as in capstone 1's grader. Your step runs in other
+processes: it may use only its arguments, ``torch``, ``torch.distributed as dist`` and ``nn``,
+not the notebook's variables.
+
+Importing this module leaves the notebook's random state as it was (``build_model`` seeds inside
+``torch.random.fork_rng``).
 """
 
 from __future__ import annotations
 
+import builtins
+import dis
 import inspect
 import json
-import tempfile
 import textwrap
+import types
 from pathlib import Path
 
 from capstone_ranks import BLOCKS, GLOBAL_BATCH, SHARDS, STEPS, WIDTH, build_model
 
 from tutorial_utils.distributed import LaunchError, launch
 from tutorial_utils.exercises import Feedback, checker
-from tutorial_utils.exercises.answers import whole_number
+from tutorial_utils.exercises.answers import describe, whole_number
 from tutorial_utils.exercises.parallel import rounding_bound
 from tutorial_utils.exercises.shipped import is_shipped
+from tutorial_utils.processes import temporary_folder
 from tutorial_utils.units import format_bytes
 
 __all__ = ["BUDGET", "COLLECTIVES", "PSI", "check_plan", "gradient_tolerance"]
@@ -74,6 +88,16 @@ _WHY = {
     "broadcast": "a broadcast sends a whole tensor from one rank to every other",
 }
 
+# Notebook 09 calls FSDP2's reshard_after_forward=False "ZeRO-2", as PyTorch does; DeepSpeed's
+# ZeRO-2 (and the Playbook's) differs at rest, so the plan names the FSDP mode instead.
+_ZERO2 = (
+    "plan['shard'] = 'zero2' names two things: DeepSpeed's ZeRO-2 keeps every parameter whole "
+    "on every rank, which FSDP2 has no mode for, and FSDP2's nearest, 'shard_grad_op' "
+    "(fully_shard(reshard_after_forward=False), FSDP1's SHARD_GRAD_OP), keeps only shards at "
+    "rest (16 PSI / N in all, notebook 09 section 1) and each block's parameters gathered from "
+    "its forward to its backward: write 'shard_grad_op' for that one"
+)
+
 
 def _plan(fb: Feedback, plan: object) -> dict:
     fb.require(
@@ -87,6 +111,7 @@ def _plan(fb: Feedback, plan: object) -> dict:
         whole_number(plan.get("micro_batches")),
         plan.get("checkpointing"),
     )
+    fb.require(shard != "zero2", _ZERO2, brief="plan['shard'] = 'zero2' is ambiguous here")
     fb.require(
         isinstance(shard, str) and str(shard) in SHARDS,
         f"plan['shard'] is one of {', '.join(SHARDS)}, not {shard!r}",
@@ -126,33 +151,95 @@ def _prediction(fb: Feedback, predicted: object) -> dict[str, int]:
 
 
 _HEADER = "import torch\nimport torch.distributed as dist\nfrom torch import nn\n\n"
+_GIVEN = "only its arguments, torch, dist (torch.distributed) and nn"
 
 
-def _source(fb: Feedback, train_step: object) -> str:
-    fb.require(callable(train_step), "train_step must be a function", brief="not a function")
+def _globals_used(code: types.CodeType) -> set[str]:
+    """The global names a function's code reads (its nested functions' and comprehensions' too),
+    less those it assigns itself (``global x; x = ...``)."""
+    read, written = set(), set()
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            read.add(ins.argval)
+        elif ins.opname == "STORE_GLOBAL":
+            written.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            read |= _globals_used(const)
+    return read - written
+
+
+def _step_source(train_step: object) -> tuple[str, str | None]:
+    """``step.py`` as the ranks will import it, loaded here first: (its text, None), or ("", the
+    one sentence that says why the ranks could not load or run it)."""
+    if not inspect.isfunction(train_step):
+        return "", f"train_step must be a function defined with `def`, not {describe(train_step)}"
+    name = train_step.__name__
+    if name == "<lambda>":
+        return "", (
+            "train_step is a lambda: the ranks run the step from its source in a file of their "
+            "own, so define it with `def train_step(model, optimizer, x, y, micro_batches):` in "
+            "a cell"
+        )
+    try:
+        inspect.signature(train_step).bind(*range(5))
+    except TypeError:
+        return "", (
+            f"the ranks call train_step(model, optimizer, x, y, micro_batches), five arguments, "
+            f"and {name}{inspect.signature(train_step)} does not take them"
+        )
     try:
         source = textwrap.dedent(inspect.getsource(train_step))
     except (OSError, TypeError):
-        fb.fail(
-            "the grader cannot read train_step's source: define it with `def` in a cell",
-            brief="train_step's source cannot be read",
+        return "", "the grader cannot read train_step's source: define it with `def` in a cell"
+    text = _HEADER + source + f"\n\ntrain_step = {name}\n"
+    try:
+        code = compile(text, "step.py", "exec")
+    except SyntaxError as err:
+        line = (err.lineno or 0) - _HEADER.count("\n")
+        return "", (
+            f"train_step's source does not compile on its own (SyntaxError: {err.msg}, line "
+            f"{line} of it): define the step with `def` at the top level of a cell"
         )
-    return _HEADER + source + f"\n\ntrain_step = {train_step.__name__}\n"
+    namespace: dict = {"__name__": "learner_step"}
+    try:
+        exec(code, namespace)  # what each rank's import will run: the imports and the def
+    except Exception as err:  # the learner's code: a default argument, a decorator
+        return "", (
+            f"train_step cannot be loaded on the ranks ({type(err).__name__}: {err}, while "
+            "defining it: a default argument or a decorator): they run in other processes, "
+            f"where the step has {_GIVEN}"
+        )
+    loaded = namespace["train_step"]
+    code_of = getattr(loaded, "__code__", None)
+    missing = (
+        sorted(_globals_used(code_of) - set(namespace) - set(dir(builtins))) if code_of else []
+    )
+    if missing:
+        names = ", ".join(f"`{n}`" for n in missing)
+        return "", (
+            f"train_step uses {names}, which the ranks do not have: they run in other processes, "
+            f"where the step has {_GIVEN} (import anything else inside the function)"
+        )
+    return text, None
 
 
 def _launch(plan: dict, source: str, nproc: int):
-    with tempfile.TemporaryDirectory(prefix="capstone2-") as tmp:
-        (Path(tmp) / "plan.json").write_text(json.dumps(plan))
-        (Path(tmp) / "step.py").write_text(source)
-        args = ["--plan", str(Path(tmp) / "plan.json"), "--step", str(Path(tmp) / "step.py")]
+    with temporary_folder("capstone2-") as tmp:  # a watchdog removes it if the kernel dies
+        (tmp / "plan.json").write_text(json.dumps(plan))
+        (tmp / "step.py").write_text(source)
+        args = ["--plan", str(tmp / "plan.json"), "--step", str(tmp / "step.py")]
         return launch(SCRIPT, nproc, args, timeout=TIMEOUT_S, echo=None)
 
 
 def run_plan(plan: dict, train_step, nproc: int = 2):
     """Launch ``plan`` with ``train_step`` on ``nproc`` ranks as ``check_plan`` does, ungraded:
-    the ``launch`` result (``.command_line``; ``.reports``, each rank's peaks, bytes, gradients)."""
-    source = _HEADER + textwrap.dedent(inspect.getsource(train_step))
-    return _launch(plan, source + f"\n\ntrain_step = {train_step.__name__}\n", nproc)
+    the ``launch`` result (``.command_line``; ``.reports``, each rank's peaks, bytes, gradients).
+    A step the ranks could not load raises ``ValueError`` with one sentence, before any launch."""
+    source, problem = _step_source(train_step)
+    if problem:
+        raise ValueError(problem)
+    return _launch(plan, source, nproc)
 
 
 def _run(fb: Feedback, plan: dict, source: str, nproc: int) -> dict[int, dict]:
@@ -203,44 +290,28 @@ def check_plan(
     fb.hint("three things are checked in turn: the gradients, each rank's peak, the bytes moved")
     plan, predicted = _plan(fb, plan), _prediction(fb, predicted)
     fb.require(not is_shipped(train_step), "the step is the exercise's starting code")  # no launch
-    reports = _run(fb, plan, _source(fb, train_step), nproc)
+    source, problem = _step_source(train_step)  # loaded here first: no launch for what cannot
+    if problem:
+        fb.hints[:] = ["the step's code is copied to the ranks alone: what else does it need?"]
+        fb.fail(problem, brief="the ranks could not load or run your train_step")
+    reports = _run(fb, plan, source, nproc)
     fb.measured = reports  # for the notebook to show: each rank's peaks and bytes
 
-    # 1. The same step as one process.
+    # 1. The same step as one process, at every optimizer.step().
     steps = {rank: r["optimizer_steps"] for rank, r in reports.items()}
     fb.require(
-        all(n == STEPS for n in steps.values()),
-        f"call optimizer.step() exactly once per train_step ({STEPS} steps ran; per rank: {steps})",
+        all(n == [1] * STEPS for n in steps.values()),
+        f"call optimizer.step() exactly once per train_step ({STEPS} calls ran; optimizer "
+        f"steps in each, per rank: {steps})",
         brief="optimizer.step() is not called once per step",
     )
-    tol, k, world = gradient_tolerance(), plan["micro_batches"], nproc
-    for rank, r in sorted(reports.items()):
-        g = r["grads"]
-        fb.require(not g["missing"], "some parameters had no gradient at optimizer.step()")
-        if g["gap"] < tol:
-            continue
-        ratio = g["ratio"]
-        if abs(ratio - world) < 0.05 * world:
-            what = f"{ratio:.2f}x one process's: the ranks' gradients were summed, not averaged"
-            fix = "divide each all-reduced gradient by dist.get_world_size()"
-        elif k > 1 and abs(ratio - k) < 0.05 * k:
-            what = f"{ratio:.2f}x one process's: each micro-batch counted as a whole batch"
-            fix = "divide each micro-batch's loss by the number of micro-batches before backward()"
-        else:
-            what = f"{ratio:.2f}x one process's in size, cosine {g['cosine']:.3f} in direction"
-            fix = "every sample once, with the same weight: equal micro-batches, each loss / k"
-        fb.hints[:], fb.fixes[:] = (
-            [
-                "the step runs, but its gradients are not one process's on the whole batch: which "
-                "average is missing, over the micro-batches or over the ranks?"
-            ],
-            [fix],
-        )
-        fb.fail(
-            f"on rank {rank} the gradients handed to optimizer.step() differ from one process's "
-            f"by {g['gap']:.1e} of the largest (at most {tol:.1e}, the rounding): they are {what}",
-            brief="the step's gradients are not one process's",
-        )
+    tol = gradient_tolerance()
+    for call in range(STEPS):
+        for rank, r in sorted(reports.items()):
+            g = r["grads"][call]
+            fb.require(not g["missing"], "some parameters had no gradient at optimizer.step()")
+            if g["gap"] >= tol:
+                _wrong_gradients(fb, plan, nproc, rank, call, g, tol)
 
     # 2. Every rank's peak under the budget.
     rank, peak = max(((rank, max(r["peaks"])) for rank, r in reports.items()), key=lambda x: x[1])
@@ -254,10 +325,11 @@ def check_plan(
     ):
         fb.hints[:], fb.fixes[:] = _lever(plan, state, budget)
 
-    # 3. The bytes moved per step, within the prediction.
+    # 3. The bytes moved per step: each collective within its own prediction.
     moved = {
         c: max(step.get(c, 0) for r in reports.values() for step in r["comm"]) for c in COLLECTIVES
     }
+    earlier = len(fb.problems)
     over = [c for c in COLLECTIVES if moved[c] > predicted[c]]
     for c in over:
         fb.expect(
@@ -266,25 +338,82 @@ def check_plan(
             f"predicted {predicted[c]:,} B: {_WHY[c]}",
             brief="more bytes moved than you predicted",
         )
-    if over and not fb.problems[: -len(over)]:
-        fb.hints[:] = [f"count the {over[0]} calls of one step: how many per micro-batch?"]
-        fb.fixes[:] = [f"{c}: {moved[c] // (4 * PSI)} x 4 * PSI bytes" for c in over]
-    total_moved, total_predicted = sum(moved.values()), sum(predicted.values())
+    unused = [c for c in COLLECTIVES if moved[c] == 0 < predicted[c]]
+    for c in unused:
+        fb.expect(
+            False,
+            f"you predicted {predicted[c]:,} B of {c} and this plan calls no {c} in a step "
+            f"(bytes per collective: {_moved_text(moved)}): {_WHY[c]}",
+            brief="you predicted bytes for a collective this plan does not call",
+        )
+    loose = [c for c in COLLECTIVES if 0 < moved[c] and predicted[c] > LOOSE * moved[c]]
+    for c in loose:
+        fb.expect(
+            False,
+            f"you predicted {predicted[c]:,} B of {c} and {moved[c]:,} B moved: a bound "
+            f"{predicted[c] / moved[c]:.1f}x too high says little; the formulas are exact here",
+            brief="your prediction is far above what moved",
+        )
+    if len(fb.problems) > earlier == 0:  # the bytes are all that is wrong: hint at them
+        if over:
+            fb.hints[:] = [f"count the {over[0]} calls of one step: how many per micro-batch?"]
+            fb.fixes[:] = [f"{c}: {moved[c] // (4 * PSI)} x 4 * PSI bytes" for c in over]
+        else:
+            fb.hints[:] = ["which collectives does your plan call, and how many times per step?"]
+            fb.fixes[:] = [f"predicted[{c!r}] = {moved[c]:,}" for c in [*unused, *loose]]
+    total_moved = sum(moved.values())
     if most_bytes is not None and not fb.expect(
         total_moved <= most_bytes,
         f"your plan moved {total_moved:,} B in one step, more than the {most_bytes:,} B asked for",
         brief="the plan moves more bytes than the exercise allows",
     ):
         fb.hints[:] = ["which lever multiplies the collectives, and which shrinks memory without?"]
-    if not over and not fb.expect(
-        total_predicted <= LOOSE * total_moved,
-        f"you predicted {total_predicted:,} B in all and {total_moved:,} B moved: a bound "
-        f"{total_predicted / max(total_moved, 1):.1f}x too high says little; the formulas are "
-        "exact here (bytes per collective: " + ", ".join(f"{c} {moved[c]:,}" for c in moved) + ")",
-        brief="your prediction is far above what moved",
-    ):
-        fb.hints[:] = ["which collectives does your plan call, and how many times per step?"]
     return fb
+
+
+def _moved_text(moved: dict[str, int]) -> str:
+    return ", ".join(f"{c} {b:,}" for c, b in moved.items())
+
+
+def _wrong_gradients(
+    fb: Feedback, plan: dict, world: int, rank: int, call: int, g: dict, tol: float
+) -> None:
+    """End the check on a step whose gradients at optimizer.step() are not one process's, with
+    what they are instead: the previous step's left in p.grad, the ranks' sum, a micro-batch
+    weighted k times, or only their size and direction."""
+    k, ratio = plan["micro_batches"], g["ratio"]
+    hint = (
+        "the step runs, but its gradients are not one process's on the whole batch: which "
+        "average is missing, over the micro-batches or over the ranks?"
+    )
+    brief = "the step's gradients are not one process's"
+    if call and g.get("gap_less_previous", float("inf")) < tol:
+        what = (
+            "this step's plus the previous step's: the previous step's gradients were still in "
+            "p.grad when this step's backward() added to them"
+        )
+        hint = (
+            "the first step's gradients were right and the second's were not: backward() adds "
+            "to p.grad, so what clears it at the start of each step (optimizer.zero_grad())?"
+        )
+        fix = "call optimizer.zero_grad(set_to_none=True) first in train_step, before any backward"
+        brief = "the second step's gradients still hold the first step's"
+    elif abs(ratio - world) < 0.05 * world:
+        what = f"{ratio:.2f}x one process's: the ranks' gradients were summed, not averaged"
+        fix = "divide each all-reduced gradient by dist.get_world_size()"
+    elif k > 1 and abs(ratio - k) < 0.05 * k:
+        what = f"{ratio:.2f}x one process's: each micro-batch counted as a whole batch"
+        fix = "divide each micro-batch's loss by the number of micro-batches before backward()"
+    else:
+        what = f"{ratio:.2f}x one process's in size, cosine {g['cosine']:.3f} in direction"
+        fix = "every sample once, with the same weight: equal micro-batches, each loss / k"
+    fb.hints[:], fb.fixes[:] = [hint], [fix]
+    fb.fail(
+        f"on rank {rank} the gradients handed to optimizer.step() in step {call + 1} of {STEPS} "
+        f"differ from one process's by {g['gap']:.1e} of the largest (at most {tol:.1e}, the "
+        f"rounding): they are {what}",
+        brief=brief,
+    )
 
 
 def _lever(plan: dict, state: int, budget: int) -> tuple[list[str], list[str]]:
@@ -297,9 +426,9 @@ def _lever(plan: dict, state: int, budget: int) -> tuple[list[str], list[str]]:
             ],
             ["plan['shard'] = 'zero3': parameters, gradients and Adam's state, each 1/N per rank"],
         )
-    if plan["shard"] == "zero2":
+    if plan["shard"] == "shard_grad_op":
         return (
-            ["ZeRO-2 keeps each block's gathered parameters from its forward to its backward"],
+            ["shard_grad_op keeps each block's parameters gathered from forward to backward"],
             ["plan['shard'] = 'zero3' frees each block's gathered parameters after its forward"],
         )
     if state > budget:

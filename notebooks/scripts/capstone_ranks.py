@@ -4,9 +4,12 @@
 
 ``plan.json`` says how to shard the model: ``{"shard": "zero3", "micro_batches": 4,
 "checkpointing": true}``, with ``shard`` one of ``replicate`` (a whole model per rank, the step
-averages the gradients itself), ``ddp``, ``zero2`` (FSDP2 ``reshard_after_forward=False``) and
-``zero3`` (FSDP2's default). ``step.py`` defines ``train_step(model, optimizer, x, y,
-micro_batches)``: the learner's step, which the notebook writes there.
+averages the gradients itself), ``ddp``, ``shard_grad_op`` (FSDP2
+``reshard_after_forward=False``: gradients and Adam's state sharded, each block's parameters
+sharded at rest but kept gathered from its forward to its backward; FSDP1 called it
+``SHARD_GRAD_OP``) and ``zero3`` (FSDP2's default, ``FULL_SHARD``). ``step.py`` defines
+``train_step(model, optimizer, x, y, micro_batches)``: the learner's step, which the notebook
+writes there.
 
 Each rank, in this order:
 
@@ -18,11 +21,15 @@ Each rank, in this order:
    ``memory.measure`` (the package's accountant on a CPU, the caching allocator on a GPU), with
    every collective counted: ``all_reduce``, ``all_gather`` and ``reduce_scatter`` (FSDP2's and
    DDP's calls and the learner's own) and ``broadcast``, by the bytes of the whole tensor each is
-   about (``zero_stages.CommCounter``). The gradients handed to ``optimizer.step()`` in the
-   first call are kept (this rank's shard).
-4. A report: each call's peak, the bytes of each collective per call, the first call's gradients
-   against the reference (the largest gap relative to the largest value, the norm ratio and the
-   cosine), how often ``optimizer.step()`` ran, and the state this rank holds at rest.
+   about (``zero_stages.CommCounter``). Before each call after the first, outside the measured
+   and counted part, the reference again: one process's gradients at the weights that call
+   starts from (gathered whole, before the learner's code runs again). The gradients handed to
+   every ``optimizer.step()`` are kept (this rank's shard).
+4. A report: each call's peak, the bytes of each collective per call, each call's gradients
+   against its reference (the largest gap relative to the largest value, the norm ratio, the
+   cosine, and the gap once the previous call's gradients are taken away: what a step that
+   never clears ``p.grad`` leaves), how often ``optimizer.step()`` ran in each call, and the
+   state this rank holds at rest.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from zero_stages import ALL_GATHER, REDUCE_SCATTER, CommCounter, ddp_wrap
 from tutorial_utils import memory
 
 WIDTH, BLOCKS, GLOBAL_BATCH, LR, STEPS = 256, 4, 1024, 1e-3, 2
-SHARDS = ("replicate", "ddp", "zero2", "zero3")
+SHARDS = ("replicate", "ddp", "shard_grad_op", "zero3")
 # the learner's names for the collectives, whatever this torch calls them
 NAMES = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter"}
 
@@ -73,8 +80,12 @@ class Block(nn.Module):
 
 
 def build_model(checkpointed: bool = False) -> nn.Sequential:
-    torch.manual_seed(0)  # the same weights on every rank and in the reference
-    return nn.Sequential(*(Block(WIDTH, checkpointed) for _ in range(BLOCKS)))
+    """The same seeded weights on every rank and in the reference. The seed is set inside
+    ``fork_rng``: the caller's random state (the notebook's, which imports this) is left as
+    it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return nn.Sequential(*(Block(WIDTH, checkpointed) for _ in range(BLOCKS)))
 
 
 def global_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +95,17 @@ def global_batch() -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def reference(rank: int, world: int, sharded: bool) -> list[np.ndarray]:
-    """One process's gradients on the whole batch; this rank's shard of each when ``sharded``
-    (FSDP2 keeps row block ``rank`` of ``torch.chunk(world)``)."""
+def reference(
+    rank: int, world: int, sharded: bool, weights: list[np.ndarray] | None = None
+) -> list[np.ndarray]:
+    """One process's gradients on the whole batch, at the initial weights or at ``weights``;
+    this rank's shard of each when ``sharded`` (FSDP2 keeps row block ``rank`` of
+    ``torch.chunk(world)``)."""
     model = build_model()
+    if weights is not None:
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), weights, strict=True):
+                p.copy_(torch.from_numpy(w))
     x, y = global_batch()
     nn.functional.mse_loss(model(x), y).backward()
     grads = [p.grad for p in model.parameters()]
@@ -97,17 +115,15 @@ def reference(rank: int, world: int, sharded: bool) -> list[np.ndarray]:
 
 
 class Handed:
-    """The optimizer, wrapped: counts ``step()`` calls and keeps (numpy) the gradients handed
-    to the first one, this rank's shard of each."""
+    """The optimizer, wrapped: keeps (numpy) the gradients handed to every ``step()``, this
+    rank's shard of each; ``len(handed)`` is how often it ran."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
-        self._optimizer, self.steps, self.grads = optimizer, 0, None
+        self._optimizer, self.handed = optimizer, []
 
     def step(self, *args, **kwargs):
-        self.steps += 1
-        if self.grads is None:
-            params = [p for group in self._optimizer.param_groups for p in group["params"]]
-            self.grads = [None if p.grad is None else _local(p.grad) for p in params]
+        params = [p for group in self._optimizer.param_groups for p in group["params"]]
+        self.handed.append([None if p.grad is None else _local(p.grad) for p in params])
         return self._optimizer.step(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -119,27 +135,47 @@ def _local(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy().copy()
 
 
-def compare(got: list, want: list[np.ndarray]) -> dict:
-    """The largest gap relative to the largest reference value, the norm ratio, the cosine."""
+def _flat(arrays: list) -> np.ndarray | None:
+    if any(a is None for a in arrays):
+        return None
+    return np.concatenate([a.ravel() for a in arrays]).astype(np.float64)
+
+
+def compare(got: list, want: list[np.ndarray], previous: list | None = None) -> dict:
+    """The largest gap relative to the largest reference value, the norm ratio, the cosine;
+    with the gradients handed to the previous step, the gap of ``got - previous`` too (0 when
+    the step added this step's gradients to the previous step's, within the rounding)."""
     if len(got) != len(want) or any(
         g is None or g.shape != w.shape for g, w in zip(got, want, strict=True)
     ):
         return {"gap": float("inf"), "ratio": 0.0, "cosine": 0.0, "missing": True}
-    g = np.concatenate([a.ravel() for a in got]).astype(np.float64)
-    w = np.concatenate([a.ravel() for a in want]).astype(np.float64)
-    gap = float(np.abs(g - w).max() / np.abs(w).max())
+    g, w = _flat(got), _flat(want)
+    scale = np.abs(w).max()
+    gap = float(np.abs(g - w).max() / scale)
     ratio = float(np.linalg.norm(g) / np.linalg.norm(w))
     cosine = float(g @ w / (np.linalg.norm(g) * np.linalg.norm(w) or 1.0))
-    return {"gap": gap, "ratio": ratio, "cosine": cosine, "missing": False}
+    out = {"gap": gap, "ratio": ratio, "cosine": cosine, "missing": False}
+    before = None if previous is None or len(previous) != len(got) else _flat(previous)
+    if before is not None and before.shape == g.shape:
+        out["gap_less_previous"] = float(np.abs(g - before - w).max() / scale)
+    return out
+
+
+def full_weights(model: nn.Module) -> list[np.ndarray]:
+    """Every parameter whole, as numpy (a shard's DTensor gathered: a collective on every rank)."""
+    with torch.no_grad():
+        return [
+            _local(p.full_tensor() if isinstance(p, DTensor) else p) for p in model.parameters()
+        ]
 
 
 def shard_model(plan: dict, device: torch.device) -> nn.Module:
     model = build_model(bool(plan["checkpointing"])).to(device)
     if plan["shard"] == "ddp":
         return ddp_wrap(model, device)  # its all-reduce goes through dist.all_reduce (counted)
-    if plan["shard"] in ("zero2", "zero3"):
+    if plan["shard"] in ("shard_grad_op", "zero3"):
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        keep = plan["shard"] == "zero2"  # ZeRO-2: the gathered parameters stay until backward
+        keep = plan["shard"] == "shard_grad_op"  # the gathered parameters stay until backward
         for block in model:
             fully_shard(block, mesh=mesh, reshard_after_forward=not keep)
         fully_shard(model, mesh=mesh, reshard_after_forward=not keep)
@@ -161,7 +197,7 @@ def main() -> None:
     with open(args.plan) as f:
         plan = json.load(f)
     rank, world, device = setup()
-    sharded = plan["shard"] in ("zero2", "zero3")
+    sharded = plan["shard"] in ("shard_grad_op", "zero3")
     want = reference(rank, world, sharded)  # 1. first, before the learner's code
     x, y = (t.chunk(world)[rank].clone().to(device) for t in global_batch())
     train_step = load_step(args.step)
@@ -169,11 +205,16 @@ def main() -> None:
     optimizer = Handed(torch.optim.Adam(model.parameters(), lr=LR))
     counter = CommCounter()
     out: dict = {"rank": rank, "world": world, "peaks": [], "comm": [], "losses": []}
+    out.update({"optimizer_steps": [], "grads": []})
+    previous = None  # the gradients handed to the last optimizer.step() of the previous call
     try:
-        for _ in range(STEPS):  # 3.
+        for call in range(STEPS):  # 3.
+            if call:  # one process's gradients at the weights this call starts from
+                want = reference(rank, world, sharded, full_weights(model))
             counter.calls.clear()
             dist.barrier()  # the previous call's collectives are done
             counter.on = True
+            handed_before = len(optimizer.handed)
             with memory.measure(device) as m:
                 loss = train_step(model, optimizer, x, y, int(plan["micro_batches"]))
             counter.on = False
@@ -183,13 +224,15 @@ def main() -> None:
                 by_name[NAMES.get(name, name)] = by_name.get(NAMES.get(name, name), 0) + nbytes
             out["comm"].append(by_name)
             out["losses"].append(float(loss) if loss is not None else None)
+            handed = optimizer.handed[handed_before:]
+            out["optimizer_steps"].append(len(handed))
+            out["grads"].append(compare(handed[0] if handed else [], want, previous))  # 4.
+            previous = handed[-1] if handed else previous
     except Exception as err:  # the learner's step failed: say so, and leave
         out["error"] = "".join(traceback.format_exception_only(err)).strip()[-600:]
         log("train_step raised:", out["error"])
     finally:
         counter.restore()
-    out["optimizer_steps"] = optimizer.steps
-    out["grads"] = compare(optimizer.grads or [], want)  # 4.
     state = [p for p in model.parameters()]
     out["state_bytes"] = sum(local_bytes(p) + local_bytes(p.grad) for p in state) + sum(
         local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)

@@ -70,7 +70,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -82,7 +81,7 @@ from typing import Any
 
 import psutil
 
-from .processes import Watchdog, contained, sweep
+from .processes import Watchdog, contained, sweep, temporary_folder
 
 __all__ = [
     "KEEP_LINES",
@@ -612,9 +611,8 @@ def _run_job(
     echo: Callable[[str], None] | None,
     watchdog: Watchdog,
 ) -> LaunchResult:
-    with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
-        watchdog.remove_on_death(tmp)
-        report_dir = Path(tmp) / "reports"
+    with temporary_folder("launch-", watchdog) as tmp:
+        report_dir = tmp / "reports"
         report_dir.mkdir()
         child_env = dict(os.environ)
         mark = uuid.uuid4().hex
@@ -629,7 +627,7 @@ def _run_job(
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        cmd = torchrun_command(script, nproc, args, port, Path(tmp) / "logs")
+        cmd = torchrun_command(script, nproc, args, port, tmp / "logs")
         result = LaunchResult(nproc=nproc, returncode=-1, wall_seconds=0.0, port=port, command=cmd)
         tails: dict[int, deque[str]] = {}
         kept: dict[int, deque[str]] = {}

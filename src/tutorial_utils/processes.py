@@ -15,6 +15,10 @@ wedged driver) hangs whoever waits for it. Three tools:
   only we hold. However we die, the kernel closes that end; the watchdog then stops the process
   trees it was told about (the ranks torchrun started in their own sessions included) and removes
   the folders it was given. When we finish normally, :meth:`Watchdog.finish` lets it go quietly.
+* :func:`temporary_folder` -- a temporary folder that is removed when the ``with`` block ends,
+  and by a watchdog (its own, or one given) if we die inside the block: ``launch`` keeps its
+  rank logs and reports in one (``launch-*``), capstone 2's grader the learner's step and plan
+  (``capstone2-*``).
 * :func:`contained` -- wraps a command so that nothing it starts outlives it, however it detached
   (Linux): a tiny supervisor becomes a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), so a
   process that leaves its parent, even in a session of its own, is reparented to the supervisor
@@ -41,13 +45,23 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import psutil
 
-__all__ = ["Watchdog", "contained", "run", "stop_tree", "sweep", "tied_to_parent"]
+__all__ = [
+    "Watchdog",
+    "contained",
+    "run",
+    "stop_tree",
+    "sweep",
+    "temporary_folder",
+    "tied_to_parent",
+]
 
 _POLL_S = 0.2  # how often the watchdog refreshes the list of processes it guards
 
@@ -430,6 +444,27 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str, watchdog: Watchdog | None = None) -> Iterator[Path]:
+    """A new temporary folder (``tempfile.TemporaryDirectory(prefix=prefix)``), removed when the
+    block ends and, if this process dies inside the block (a kernel restart runs no ``finally``),
+    by ``watchdog``: the one given (``launch`` passes the one that guards its job), or one of
+    its own, started here and let go at the end.
+
+    >>> with temporary_folder("capstone2-") as folder:       # doctest: +SKIP
+    ...     (folder / "step.py").write_text(source)
+    """
+    own = watchdog is None
+    dog = Watchdog() if own else watchdog
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            dog.remove_on_death(tmp)
+            yield Path(tmp)
+    finally:
+        if own:
+            dog.finish()
 
 
 def _read_orders(stream, orders: queue.Queue) -> None:

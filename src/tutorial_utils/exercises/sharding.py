@@ -1,8 +1,12 @@
 """Checkers for notebooks 09 (ZeRO, FSDP2) and 10 (tensor parallelism, a 2-D mesh).
 
 * ``check_zero_bytes``: the learner's ``zero_bytes(stage, psi, n, k)``, the bytes a rank holds
-  under DDP (stage 0) and ZeRO-1, -2, -3, for fp32 parameters and gradients and ``k`` bytes of
-  optimizer state per parameter, against the formulas on a grid of sizes.
+  during a step under DDP (stage 0) and ZeRO-1, -2, -3, for fp32 parameters and gradients and
+  ``k`` bytes of optimizer state per parameter, against the formulas on a grid of sizes. During
+  a step ZeRO-2 holds every parameter whole: DeepSpeed's ZeRO-2 all the time, FSDP2's
+  (``reshard_after_forward=False``) from each layer's forward to its backward, which at rest
+  keeps only a shard (notebook 09 section 1 measures it; notebook 11 calls that mode
+  ``shard_grad_op``).
 * ``check_tp_plan``: the learner's tensor-parallel plan for notebook 10's block (section 1),
   judged by what it costs: every Linear split, and no more collectives in forward than the
   cheapest plan (found by trying all of them with the same rules).
@@ -31,15 +35,18 @@ __all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "t
 CATEGORIES = ("params", "grads", "state")  # notebook 09 section 1's names for the three parts
 
 
-def _zero_parts(stage: int, psi: int, n: int, k: float, width: int = 4) -> dict[str, float]:
-    """Bytes of each part on one rank: ``width``-byte parameters and gradients (fp32: 4), k bytes
-    of optimizer state each; stage 1 shards the state, 2 the gradients too, 3 the parameters."""
+def _zero_parts(
+    stage: int, psi: int, n: int, k: float, width: int = 4, at_rest: bool = False
+) -> dict[str, float]:
+    """Bytes of each part on one rank during a step: ``width``-byte parameters and gradients
+    (fp32: 4), k bytes of optimizer state each; stage 1 shards the state, 2 the gradients too,
+    3 the parameters. ``at_rest``: FSDP2's ZeRO-2 between steps, whose parameters are a shard."""
     params, grads, state = width * psi, width * psi, k * psi
     if stage >= 1:
         state /= n
     if stage >= 2:
         grads /= n
-    if stage >= 3:
+    if stage >= 3 or (at_rest and stage >= 2):
         params /= n
     return {"params": params, "grads": grads, "state": state}
 
@@ -63,13 +70,16 @@ _NAMES = {"params": "the parameters", "grads": "the gradients", "state": "the op
 
 @checker(answers=("zero_bytes",))
 def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feedback:
-    """``zero_bytes(stage, psi, n, k)``: the bytes of each part on one rank, as a dict
-    ``{"params": ..., "grads": ..., "state": ...}``, stage 0 (DDP) to 3, ``psi`` fp32
+    """``zero_bytes(stage, psi, n, k)``: the bytes of each part on one rank during a step, as a
+    dict ``{"params": ..., "grads": ..., "state": ...}``, stage 0 (DDP) to 3, ``psi`` fp32
     parameters, ``n`` ranks, ``k`` bytes of state each.
 
     Graded part by part: the totals alone cannot tell ZeRO-2 sharding the parameters from
-    ZeRO-2 sharding the gradients (both 4 bytes each in fp32)."""
-    fb = Feedback("zero_bytes(stage, psi, n, k) gives the bytes of each part on one rank")
+    ZeRO-2 sharding the gradients (both 4 bytes each in fp32). An answer that is right but for
+    ZeRO-2's parameters counted at rest (FSDP2's shard) is told which moment counts."""
+    fb = Feedback(
+        "zero_bytes(stage, psi, n, k) gives the bytes of each part on one rank during a step"
+    )
     fb.hint(
         "under DDP every rank keeps three things per parameter: which, and how many bytes each? "
         "Then: which of them does each ZeRO stage split over the n ranks?"
@@ -83,6 +93,7 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feed
     wrong: list[str] = []
     parts_wrong: dict[str, list[int]] = {c: [] for c in CATEGORIES}
     bf16 = 0  # answers that match the Playbook's bf16 form (2-byte parameters and gradients)
+    rest = 0  # answers that match FSDP2's ZeRO-2 at rest (a shard of the parameters)
     for stage, psi, n, k in _GRID:
         want = _zero_parts(stage, psi, n, k)
         call = f"zero_bytes({stage}, {psi:,}, {n}, {k})"
@@ -111,10 +122,20 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feed
             half = _zero_parts(stage, psi, n, k, width=2)
             if all(abs(values[c] - half[c]) <= 1e-9 * want[c] + 0.5 for c in CATEGORIES):
                 bf16 += 1
+            shard = _zero_parts(stage, psi, n, k, at_rest=True)
+            if all(abs(values[c] - shard[c]) <= 1e-9 * want[c] + 0.5 for c in CATEGORIES):
+                rest += 1
     if bf16 and bf16 == len(wrong):  # only when that is the one mistake
         fb.hint(
             "this course trains in fp32: a parameter and its gradient take 4 bytes each, not 2 "
             "(the Playbook's formula is for bf16 with an fp32 master copy inside k)"
+        )
+    if rest and rest == len(wrong):  # the one mistake: ZeRO-2's parameters counted at rest
+        fb.hint(
+            "zero_bytes counts what a rank holds during a step, not at rest: FSDP2's ZeRO-2 keeps "
+            "a shard of the parameters between steps (section 1 measured it) but holds each "
+            "layer's gathered from its forward to its backward, all of them by the last forward; "
+            "DeepSpeed's ZeRO-2 keeps them whole all the time"
         )
     for part, stages in parts_wrong.items():
         first = _SHARDED[part]
