@@ -334,6 +334,30 @@ def test_a_step_the_ranks_cannot_load_is_one_sentence_before_any_launch(no_launc
         run_plan(ZERO3_K4, step)
 
 
+@pytest.mark.parametrize(
+    "now",
+    [
+        "    return (0.0 +\n",  # a bracket left open: inspect's tokenizer gives up
+        "    return 0.0 +\n",  # a whole line that is not Python
+    ],
+)
+def test_a_step_whose_source_no_longer_compiles_gives_the_syntax_error(no_launch, now):
+    """The source inspect finds is the file as it is now: edited after the import, it may not
+    compile."""
+    name = "<capstone2 edited file>"
+    head = "def edited_step(model, optimizer, x, y, micro_batches):\n"
+    namespace: dict = {}
+    exec(compile(head + "    return 0.0\n", name, "exec"), namespace)
+    linecache.cache[name] = (len(head + now), None, (head + now).splitlines(True), name)
+    try:
+        fb = check_plan(ZERO3_K4, namespace["edited_step"], ZERO3_K4_BYTES)
+    finally:
+        linecache.cache.pop(name, None)
+    assert not fb.passed and len(fb.problems) == 1, fb.problems
+    assert fb.problems[0].startswith("train_step's source does not compile on its own (SyntaxError")
+    assert "\n" not in fb.problems[0]
+
+
 def test_a_step_that_loads_on_its_own_is_not_refused_for_its_names(ranks_report):
     """torch, dist, nn and the builtins are what step.py has; a name assigned with `global`
     inside the step is its own."""

@@ -41,6 +41,7 @@ import dis
 import inspect
 import json
 import textwrap
+import tokenize
 import types
 from pathlib import Path
 
@@ -188,19 +189,22 @@ def _step_source(train_step: object) -> tuple[str, str | None]:
             f"the ranks call train_step(model, optimizer, x, y, micro_batches), five arguments, "
             f"and {name}{inspect.signature(train_step)} does not take them"
         )
+    broken = (
+        "train_step's source does not compile on its own (SyntaxError: {}): define the step "
+        "with `def` at the top level of a cell (its file, if you import it, as it is now)"
+    )
     try:
         source = textwrap.dedent(inspect.getsource(train_step))
     except (OSError, TypeError):
         return "", "the grader cannot read train_step's source: define it with `def` in a cell"
+    except (SyntaxError, tokenize.TokenError) as err:  # its file was edited since the import
+        return "", broken.format(err.args[0] if err.args else type(err).__name__)
     text = _HEADER + source + f"\n\ntrain_step = {name}\n"
     try:
         code = compile(text, "step.py", "exec")
     except SyntaxError as err:
         line = (err.lineno or 0) - _HEADER.count("\n")
-        return "", (
-            f"train_step's source does not compile on its own (SyntaxError: {err.msg}, line "
-            f"{line} of it): define the step with `def` at the top level of a cell"
-        )
+        return "", broken.format(f"{err.msg}, line {line} of it")
     namespace: dict = {"__name__": "learner_step"}
     try:
         exec(code, namespace)  # what each rank's import will run: the imports and the def

@@ -23,6 +23,7 @@ import inspect
 import json
 import re
 import textwrap
+import tokenize
 import types
 from pathlib import Path
 
@@ -122,8 +123,8 @@ def key_of(value: object) -> str | None:
                     tree.name = name
                     methods.append(f"{name}:{_function_tree(tree)}")
             return "class:" + _hash(sorted(methods)) if methods else None
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
+    except (OSError, TypeError, SyntaxError, IndexError, tokenize.TokenError):
+        return None  # tokenize: the source file was edited since, a bracket left open
     return None
 
 
