@@ -7,7 +7,9 @@ reference comes from those, and every call of your step gets a fresh copy of the
 changes its copy (``labels.zero_()``) is refused; a step that changes the notebook's batch (a
 global ``tokens``) is refused too, and the grader puts the notebook's batch back as it was.
 
-1. Once, unbudgeted, from a fresh model: the gradients your step hands to ``optimizer.step()``
+1. Once, unbudgeted, from fresh weights whose ``.grad`` still holds a previous step's gradients
+   (``answers.LeftoverGradients``: a step without ``optimizer.zero_grad()`` adds to them, and is
+   refused with a hint that names it): the gradients your step hands to ``optimizer.step()``
    must be the full-batch gradients (within 2.5%: bf16 autocast is about 0.5% off; a loss
    divided by ``k + 1`` instead of ``k`` is 6% off), so a step that drops samples or scales the
    loss wrongly is caught even when it does not fit.
@@ -78,7 +80,15 @@ from .. import accounting, memory
 from ..accounting import _AllocatorRecorder
 from ..units import format_bytes
 from . import Feedback, checker
-from .answers import Given, checker_device, describe, finite_number, tensor_number, whole_number
+from .answers import (
+    Given,
+    LeftoverGradients,
+    checker_device,
+    describe,
+    finite_number,
+    tensor_number,
+    whole_number,
+)
 
 __all__ = [
     "CapstoneTask",
@@ -687,11 +697,15 @@ def _grade_calls(
     counting = _CountingOptimizer(optimizer)
     counting.new_call()
     profile = _Profile(model, task.device.type)
+    # .grad as the previous step leaves it: a step without zero_grad adds to it (on a fresh
+    # model it would pass here, and only run out of memory in step 2, for another reason)
+    leftover = LeftoverGradients(list(model.parameters()), want[None])
     solutions = _solution_calls
     try:
         fb.run(step, train_step, model, counting, tokens, labels)
     finally:
         profile.remove()
+        leftover.remove()
     if not result.get("solution_allowed"):
         fb.require(
             _solution_calls == solutions,
@@ -699,6 +713,9 @@ def _grade_calls(
             "yourself (micro-batches, checkpointing, autocast), then compare",
             brief="your step calls the worked solution",
         )
+    # before the profile is kept: _grade's final hint (about memory or the computation) must
+    # not replace this one
+    leftover.require_cleared(fb, step)
     seen = profile.autocast
     result["profile"] = profile
     fb.require(
@@ -726,7 +743,7 @@ def _grade_calls(
     hint, fix = (_WRONG_HINT, _WRONG_FIX) if fb.problems else _advice(profile, None)
     fb.hints[:], fb.fixes[:] = [hint], [fix]
     # nothing of the first call may stay alive: the budget counts every tensor in the process
-    del model, optimizer, counting, recorded, handed, want
+    del model, optimizer, counting, recorded, handed, want, leftover
 
     # 2. Several steps inside the budget, watched, each one kept for the checks after.
     model, optimizer = task.new_run()
