@@ -668,7 +668,8 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     try:
         _grade_calls(fb, train_step, task, result, batch)
     finally:
-        if fb.problems and "profile" in result and not result.get("memory_problem"):
+        kept = result.get("memory_problem") or result.get("hint_kept")
+        if fb.problems and "profile" in result and not kept:
             # it fits (or never got that far): the hint is about what it computes, not memory
             fb.hints[:], fb.fixes[:] = [_WRONG_HINT], [_WRONG_FIX]
         changed = batch.restore()
@@ -713,18 +714,12 @@ def _grade_calls(
             "yourself (micro-batches, checkpointing, autocast), then compare",
             brief="your step calls the worked solution",
         )
-    # before the profile is kept: _grade's final hint (about memory or the computation) must
-    # not replace this one
+    result["hint_kept"] = leftover.kept  # its hint names zero_grad: _grade keeps it
     leftover.require_cleared(fb, step)
     seen = profile.autocast
     result["profile"] = profile
-    fb.require(
-        seen is None or not result.get("fp32_gradients"),
-        f"{step} ran its forward under {str(seen).replace('torch.', '')} autocast: its gradients "
-        "are close to the full batch's, not equal, and this exercise asks for the full-batch "
-        "gradients; fit the budget without autocast",
-        brief="this exercise asks for fp32 gradients, without autocast",
-    )
+    if seen is not None and result.get("fp32_gradients"):
+        _autocast_refused(fb, result, f"{step} ran its forward under {_name(seen)} autocast")
     if seen not in want:
         want[seen] = reference_gradients(task, seen, batch)
     _same_parameters(fb, model, shapes, step)
@@ -859,13 +854,10 @@ def _grade_calls(
         fb.hints[:], fb.fixes[:] = [hint], [fix]
     if result.get("fp32_gradients"):
         mixed = [i + 1 for i, c in enumerate(calls) if c.autocast is not None]
-        fb.require(
-            not mixed,
-            f"in step {mixed[0] if mixed else 0} {step} ran its forward under autocast: this "
-            "exercise asks for the full-batch gradients in every call; fit the budget without "
-            "autocast",
-            brief="this exercise asks for fp32 gradients, without autocast",
-        )
+        if mixed:
+            _autocast_refused(
+                fb, result, f"in step {mixed[0]} {step} ran its forward under autocast"
+            )
     fb.expect(  # what each call carried: one backward per micro-batch
         profile.forwards <= 1 or profile.backwards == 0 or profile.backwards >= profile.forwards,
         f"{step} runs {profile.forwards} forward passes and only {profile.backwards} backward "
@@ -892,6 +884,29 @@ def _grade_calls(
 # a full-batch step under torch._C._DisableTorchDispatch() shows 1.85x (the MLP) and 12x (06).
 _HIDDEN_FACTOR = 1.25
 _HIDDEN_SLACK = 64 << 10
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _autocast_refused(fb: Feedback, result: dict, what: str) -> None:
+    """End the check: the exercise asks for fp32 gradients, and ``what`` ran under autocast."""
+    result["hint_kept"] = True
+    fb.hints[:] = [
+        "autocast computes in a lower precision, so its gradients are close to the full "
+        "batch's, not equal: which of the other levers shrink the activations in fp32?"
+    ]
+    fb.fixes[:] = [
+        "drop the autocast: more micro-batches (twice as many halve the activations alive at "
+        "once), with checkpointing, keep the gradients in fp32"
+    ]
+    fb.fail(
+        f"{what}: its gradients are close to the full batch's, not equal, and this exercise "
+        "asks for the full-batch gradients in every call; fit the budget without autocast",
+        brief="this exercise asks for fp32 gradients, without autocast",
+    )
+
 
 _WRONG_HINT = (
     "the step runs, but it does not compute what the plain step computes: does every sample "
