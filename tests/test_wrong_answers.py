@@ -18,8 +18,8 @@ number whose ``__float__`` ends the check with a verdict of its own, a step that
 ``scaler.scale`` only to be counted): the checkers judge plain values and what each call
 carried, so these are refused too.
 
-Capstone 2 (notebook 11) and notebook 07's DDP script launch ranks with torchrun (about a
-minute each on 2 cores): those cases are ``slow``, the rest take a few seconds in all.
+Capstone 2 (notebook 11) and notebook 07's DDP script launch ranks with torchrun (15-20 s each
+on 2 cores): those cases are ``slow``, the rest take a few seconds in all.
 
 The second half: Run All is not an attempt. The code every exercise cell ships (read from the
 notebooks) is "Not answered yet" for any checker, and ``shipped.json`` matches the notebooks.
