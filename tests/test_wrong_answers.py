@@ -1,6 +1,6 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 112 wrong answers: 95 plain mistakes in ``PLAIN`` (6 of them marked ``slow``:
+This file holds 113 wrong answers: 96 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
 they launch real ranks) and 17 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
@@ -687,6 +687,17 @@ def micro_batch_step(model, optimizer, x, y, micro_batches):
     return total
 
 
+def averaged_without_zero_grad(model, optimizer, x, y, micro_batches):
+    """Exercise 2's fix, its zero_grad line dropped."""
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    optimizer.step()
+    return loss.item()
+
+
 def average_of_a_temporary(model, optimizer, x, y, micro_batches):
     optimizer.zero_grad(set_to_none=True)
     loss = nn.functional.mse_loss(model(x), y)
@@ -1300,6 +1311,18 @@ PLAIN = [
         "capstone_grader.check_plan",
         "zero3, 4 micro-batches, no optimizer.zero_grad()",
         lambda: _check_plan(_ZERO3_K4, step_without_zero_grad, _zero3_k4_bytes()),
+        ("zero_grad",),
+        _SLOW,
+    ),
+    Mistake(  # issue 37 item 1: passes until capstone_grader checks every step's gradients
+        "capstone_grader.check_plan",
+        "exercise 2: the fix, without optimizer.zero_grad()",
+        lambda: _check_plan(
+            {"shard": "replicate", "micro_batches": 1, "checkpointing": False},
+            averaged_without_zero_grad,
+            {"all_reduce": 4 * _psi()},
+            budget_bytes=64 << 20,
+        ),
         ("zero_grad",),
         _SLOW,
     ),

@@ -254,7 +254,9 @@ class LeftoverGradients:
     ``grads`` (its own reference, made before the step runs) into ``.grad`` first. A hook on each
     parameter, run before a backward pass adds to ``.grad``, notes what ``.grad`` held at the
     step's first backward: ``kept`` is True when some of it was still the leftover (non-zero).
-    ``zero_grad()`` at any point before the first backward, ``set_to_none`` or not, clears it.
+    ``zero_grad()`` at any point before the first backward, ``set_to_none`` or not, clears it;
+    a step that clears them only at its end, after ``optimizer.step()``, relies on its caller
+    having cleared them, and is refused too.
     """
 
     HINT = (
