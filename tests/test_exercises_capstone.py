@@ -16,6 +16,13 @@ from tutorial_utils.models import MLP, mlp_batch
 
 @pytest.fixture(scope="module")
 def task():
+    return budgeted_task()
+
+
+def budgeted_task() -> CapstoneTask:
+    """An MLP whose plain step does not fit the budget and whose 4 micro-batches do (also used
+    by ``test_wrong_answers.py``)."""
+
     def make_model():
         return MLP(d_in=64, d_hidden=128, d_out=5, depth=3, seed=0)
 

@@ -77,7 +77,12 @@ Writing a checker (every checker in this package follows this shape)::
   the notebook's bug, not the learner's. ``answers.checker_device`` checks a device argument.
 - Give each checker a property test in ``tests/test_exercises_properties.py``: random wrong
   answers (None, NaN, wrong shapes, devices and dtypes, objects equal to everything) never pass,
-  and add the plain mistakes a learner makes to ``tests/test_wrong_answers.py``.
+  and add the plain mistakes a learner makes to ``PLAIN`` in ``tests/test_wrong_answers.py``
+  (at least two per checker, a test counts them), each with the words its first feedback must
+  show to point at the mistake.
+- A training step a grader runs starts from a model whose ``.grad`` still holds a previous
+  step's gradients (``answers.LeftoverGradients``): on a fresh model a step without
+  ``optimizer.zero_grad()`` looks right.
 
 Only the checker's own verdict counts
 -------------------------------------

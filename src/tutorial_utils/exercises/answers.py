@@ -5,6 +5,9 @@ so ``abs(nan - x) > tol`` is False and ``max(0.0, nan)`` is 0.0), ``mock.ANY`` o
 subclass whose ``__eq__`` says yes to everything. These helpers turn an answer into a plain
 Python value first (or say it is not one), so the comparison that follows is the checker's own.
 
+``LeftoverGradients`` hands a learner's training step a model whose ``.grad`` still holds a
+previous step's gradients, and says whether the step cleared them before its first backward.
+
 ``META`` is the device every machine has: checkers run the learner's code there too, so a
 tensor made on the CPU by mistake shows as a device mismatch even without a GPU.
 """
@@ -28,6 +31,7 @@ from . import _describe as describe
 __all__ = [
     "META",
     "Given",
+    "LeftoverGradients",
     "checker_device",
     "describe",
     "finite_number",
@@ -235,3 +239,72 @@ class Given:
             "tensors from them (out of place) or work on a copy",
             brief=f"{what} changes the {self.name} it is given",
         )
+
+
+# -----------------------------------------------------------------------------
+# Leftover gradients: a training step starts from what the previous step left in .grad
+
+
+class LeftoverGradients:
+    """A training step's model as a previous step leaves it: ``.grad`` still full.
+
+    ``optimizer.step()`` does not clear the gradients; the next step must (``optimizer.zero_grad()``
+    at its start), or its backward passes add to them. On a fresh model ``.grad`` is empty and a
+    step without ``zero_grad`` looks right, so a grader that runs a learner's step puts
+    ``grads`` (its own reference, made before the step runs) into ``.grad`` first. A hook on each
+    parameter, run before a backward pass adds to ``.grad``, notes what ``.grad`` held at the
+    step's first backward: ``kept`` is True when some of it was still the leftover (non-zero).
+    ``zero_grad()`` at any point before the first backward, ``set_to_none`` or not, clears it;
+    a step that clears them only at its end, after ``optimizer.step()``, relies on its caller
+    having cleared them, and is refused too.
+    """
+
+    HINT = (
+        "a model's .grad keeps what the previous step's backward left there until something "
+        "clears it: where does optimizer.zero_grad() belong in a step?"
+    )
+    FIX = (
+        "call optimizer.zero_grad(set_to_none=True) at the start of the step, before the first "
+        "backward: otherwise every backward adds to the previous step's gradients"
+    )
+    BRIEF = "the step adds its gradients to the previous step's"
+
+    def __init__(self, params: list[torch.Tensor], grads: list[torch.Tensor]):
+        if len(params) != len(grads):
+            raise ValueError("LeftoverGradients: one leftover gradient per parameter")
+        self.kept = False
+        self._seen: set[int] = set()
+        self._handles = []
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.detach().to(dtype=p.dtype, device=p.device).clone()
+        for p in params:
+            if p.requires_grad:
+                self._handles.append(p.register_hook(self._before_adding(p)))
+
+    def _before_adding(self, p: torch.Tensor):
+        def hook(_grad: torch.Tensor) -> None:
+            if id(p) in self._seen:  # a later backward (micro-batches) adds on purpose
+                return
+            self._seen.add(id(p))
+            if p.grad is not None and p.grad.device.type != "meta":
+                self.kept = self.kept or bool(p.grad.detach().count_nonzero())
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def require_cleared(self, fb: Any, what: str) -> None:
+        """Fail ``fb`` with the zero_grad hint when the step kept the leftover gradients."""
+        if self.kept:
+            fb.hints[:], fb.fixes[:] = [self.HINT], [self.FIX]
+            fb.fail(
+                f"{what} started from a model whose .grad still held the previous step's "
+                "gradients, and its first backward added to them, so the optimizer stepped "
+                "with both steps' gradients: call optimizer.zero_grad(set_to_none=True) at "
+                "the start of the step",
+                brief=self.BRIEF,
+            )

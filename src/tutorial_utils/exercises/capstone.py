@@ -7,7 +7,9 @@ reference comes from those, and every call of your step gets a fresh copy of the
 changes its copy (``labels.zero_()``) is refused; a step that changes the notebook's batch (a
 global ``tokens``) is refused too, and the grader puts the notebook's batch back as it was.
 
-1. Once, unbudgeted, from a fresh model: the gradients your step hands to ``optimizer.step()``
+1. Once, unbudgeted, from fresh weights whose ``.grad`` still holds a previous step's gradients
+   (``answers.LeftoverGradients``: a step without ``optimizer.zero_grad()`` adds to them, and is
+   refused with a hint that names it): the gradients your step hands to ``optimizer.step()``
    must be the full-batch gradients (within 2.5%: bf16 autocast is about 0.5% off; a loss
    divided by ``k + 1`` instead of ``k`` is 6% off), so a step that drops samples or scales the
    loss wrongly is caught even when it does not fit.
@@ -78,7 +80,15 @@ from .. import accounting, memory
 from ..accounting import _AllocatorRecorder
 from ..units import format_bytes
 from . import Feedback, checker
-from .answers import Given, checker_device, describe, finite_number, tensor_number, whole_number
+from .answers import (
+    Given,
+    LeftoverGradients,
+    checker_device,
+    describe,
+    finite_number,
+    tensor_number,
+    whole_number,
+)
 
 __all__ = [
     "CapstoneTask",
@@ -658,7 +668,8 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
     try:
         _grade_calls(fb, train_step, task, result, batch)
     finally:
-        if fb.problems and "profile" in result and not result.get("memory_problem"):
+        kept = result.get("memory_problem") or result.get("hint_kept")
+        if fb.problems and "profile" in result and not kept:
             # it fits (or never got that far): the hint is about what it computes, not memory
             fb.hints[:], fb.fixes[:] = [_WRONG_HINT], [_WRONG_FIX]
         changed = batch.restore()
@@ -687,11 +698,15 @@ def _grade_calls(
     counting = _CountingOptimizer(optimizer)
     counting.new_call()
     profile = _Profile(model, task.device.type)
+    # .grad as the previous step leaves it: a step without zero_grad adds to it (on a fresh
+    # model it would pass here, and only run out of memory in step 2, for another reason)
+    leftover = LeftoverGradients(list(model.parameters()), want[None])
     solutions = _solution_calls
     try:
         fb.run(step, train_step, model, counting, tokens, labels)
     finally:
         profile.remove()
+        leftover.remove()
     if not result.get("solution_allowed"):
         fb.require(
             _solution_calls == solutions,
@@ -699,15 +714,12 @@ def _grade_calls(
             "yourself (micro-batches, checkpointing, autocast), then compare",
             brief="your step calls the worked solution",
         )
+    result["hint_kept"] = leftover.kept  # its hint names zero_grad: _grade keeps it
+    leftover.require_cleared(fb, step)
     seen = profile.autocast
     result["profile"] = profile
-    fb.require(
-        seen is None or not result.get("fp32_gradients"),
-        f"{step} ran its forward under {str(seen).replace('torch.', '')} autocast: its gradients "
-        "are close to the full batch's, not equal, and this exercise asks for the full-batch "
-        "gradients; fit the budget without autocast",
-        brief="this exercise asks for fp32 gradients, without autocast",
-    )
+    if seen is not None and result.get("fp32_gradients"):
+        _autocast_refused(fb, result, f"{step} ran its forward under {_name(seen)} autocast")
     if seen not in want:
         want[seen] = reference_gradients(task, seen, batch)
     _same_parameters(fb, model, shapes, step)
@@ -726,7 +738,7 @@ def _grade_calls(
     hint, fix = (_WRONG_HINT, _WRONG_FIX) if fb.problems else _advice(profile, None)
     fb.hints[:], fb.fixes[:] = [hint], [fix]
     # nothing of the first call may stay alive: the budget counts every tensor in the process
-    del model, optimizer, counting, recorded, handed, want
+    del model, optimizer, counting, recorded, handed, want, leftover
 
     # 2. Several steps inside the budget, watched, each one kept for the checks after.
     model, optimizer = task.new_run()
@@ -842,13 +854,10 @@ def _grade_calls(
         fb.hints[:], fb.fixes[:] = [hint], [fix]
     if result.get("fp32_gradients"):
         mixed = [i + 1 for i, c in enumerate(calls) if c.autocast is not None]
-        fb.require(
-            not mixed,
-            f"in step {mixed[0] if mixed else 0} {step} ran its forward under autocast: this "
-            "exercise asks for the full-batch gradients in every call; fit the budget without "
-            "autocast",
-            brief="this exercise asks for fp32 gradients, without autocast",
-        )
+        if mixed:
+            _autocast_refused(
+                fb, result, f"in step {mixed[0]} {step} ran its forward under autocast"
+            )
     fb.expect(  # what each call carried: one backward per micro-batch
         profile.forwards <= 1 or profile.backwards == 0 or profile.backwards >= profile.forwards,
         f"{step} runs {profile.forwards} forward passes and only {profile.backwards} backward "
@@ -875,6 +884,29 @@ def _grade_calls(
 # a full-batch step under torch._C._DisableTorchDispatch() shows 1.85x (the MLP) and 12x (06).
 _HIDDEN_FACTOR = 1.25
 _HIDDEN_SLACK = 64 << 10
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _autocast_refused(fb: Feedback, result: dict, what: str) -> None:
+    """End the check: the exercise asks for fp32 gradients, and ``what`` ran under autocast."""
+    result["hint_kept"] = True
+    fb.hints[:] = [
+        "autocast computes in a lower precision, so its gradients are close to the full "
+        "batch's, not equal: which of the other levers shrink the activations in fp32?"
+    ]
+    fb.fixes[:] = [
+        "drop the autocast: more micro-batches (twice as many halve the activations alive at "
+        "once), with checkpointing, keep the gradients in fp32"
+    ]
+    fb.fail(
+        f"{what}: its gradients are close to the full batch's, not equal, and this exercise "
+        "asks for the full-batch gradients in every call; fit the budget without autocast",
+        brief="this exercise asks for fp32 gradients, without autocast",
+    )
+
 
 _WRONG_HINT = (
     "the step runs, but it does not compute what the plain step computes: does every sample "

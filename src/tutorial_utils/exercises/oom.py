@@ -181,11 +181,23 @@ def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "c
             brief="evaluate does not return the mean loss as a number",
         )
     got = "no single number" if value is None else f"{value:.4f}"
+    samples = sum(len(y) for _, y in batches)
+    per_sample = value is not None and math.isclose(
+        value * samples, expected * len(batches), rel_tol=1e-4
+    )
     fb.expect(
         value is not None and math.isclose(value, expected, rel_tol=1e-4),
         f"the mean loss should be {expected:.4f}, got {got}: average cross_entropy over the "
-        "batches",
-        brief="the mean loss is not right",
+        "batches"
+        + (
+            " (cross_entropy is each batch's mean already: divide the sum of the batches' "
+            "losses by the number of batches, not of samples)"
+            if per_sample
+            else ""
+        ),
+        brief="the mean loss is divided by the samples, not the batches"
+        if per_sample
+        else "the mean loss is not right",
     )
     del result
     if fb.passed:

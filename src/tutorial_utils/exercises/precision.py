@@ -10,7 +10,11 @@ micro-batches, with gradient clipping and a ``GradScaler``: two lessons of secti
 The checker computes the whole batch's gradient first (its own model, no scaler), then records
 the gradients the optimizer really steps with, once with a ``max_norm`` that must clip and once
 with one that must not: micro-batch losses added up instead of averaged pass the first and fail
-the second; clipping before ``scaler.unscale_`` fails the first by the scale.
+the second; clipping before ``scaler.unscale_`` fails the first by the scale. Each call starts
+with a previous step's gradients still in ``.grad`` (``answers.LeftoverGradients``): a step
+without ``optimizer.zero_grad()`` adds to them, and its hint names the missing ``zero_grad``.
+(Measuring the gradients would not show it: ``scaler.unscale_`` divides the leftover by the
+scale too, so it changes them by about 1/1024; the hook sees ``.grad`` before the first backward.)
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import torch
 from torch import nn
 
 from . import Feedback, checker
-from .answers import Given, checker_device, describe, finite_number, tensor_number
+from .answers import (
+    Given,
+    LeftoverGradients,
+    checker_device,
+    describe,
+    finite_number,
+    tensor_number,
+)
 
 __all__ = [
     "FP16_VALUES",
@@ -230,8 +241,9 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def check_accumulated_clipped_step(
     step: Callable[..., Any], device: str | torch.device = "cpu"
 ) -> Feedback:
-    """Run the learner's step twice (a ``max_norm`` that must clip, one that must not) and
-    compare the gradients the optimizer stepped with against the whole batch's, clipped."""
+    """Run the learner's step twice (a ``max_norm`` that must clip, one that must not), each
+    time from a model whose ``.grad`` still holds a previous step's gradients, and compare the
+    gradients the optimizer stepped with against the whole batch's, clipped."""
     device = checker_device(device, "check_accumulated_clipped_step", allowed=("cuda", "cpu"))
     fb = Feedback("one optimizer step over micro-batches, clipped, with a GradScaler")
     fb.hint(
@@ -256,6 +268,8 @@ def check_accumulated_clipped_step(
             )
         )
         carried = _Carried(model, device.type)
+        # .grad as the previous step leaves it: a step without zero_grad adds to it
+        leftover = LeftoverGradients(list(model.parameters()), want_grads)
         loss = fb.run(
             f"your step (max_norm {max_norm:.3g})",
             step,
@@ -267,6 +281,8 @@ def check_accumulated_clipped_step(
             torch.float16,
             max_norm,
         )
+        leftover.remove()
+        leftover.require_cleared(fb, f"your step (max_norm {max_norm:.3g})")
         fb.require(
             scaler.calls.count("scale") == MICRO_BATCHES and "step" in scaler.calls,
             f"use the scaler: scaler.scale(loss).backward() for each of the {MICRO_BATCHES} "

@@ -27,9 +27,10 @@ from .answers import describe, whole_number
 __all__ = ["check_activation_bytes", "check_parameter_count", "check_saved_bytes", "saved_bytes"]
 
 
-def saved_bytes(module: torch.nn.Module, x: torch.Tensor) -> int:
-    """Bytes of the distinct storages ``module(x)`` saves for backward, its weights left out."""
-    weights = {p.untyped_storage()._cdata for p in module.parameters()}
+def saved_bytes(module: torch.nn.Module, x: torch.Tensor, weights: bool = False) -> int:
+    """Bytes of the distinct storages ``module(x)`` saves for backward, its weights left out
+    (``weights=True``: counted too, as a counter that forgets them does)."""
+    weights = set() if weights else {p.untyped_storage()._cdata for p in module.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -103,6 +104,11 @@ def check_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, answer: int
         fb.fail("that is half: this block runs in fp32, 4 bytes per element, not 2")
     if value * 4 == truth:
         fb.fail("that counts elements, not bytes (4 bytes each in fp32)")
+    if batch > 1 and value * batch == truth:
+        fb.fail(
+            f"that is one sequence's bytes; the batch holds {batch} sequences",
+            brief="that counts one sequence, not the batch",
+        )
     fb.expect(False, f"{value:,} is off by {value - truth:+,} bytes", brief="the number is wrong")
     return fb
 
@@ -122,9 +128,16 @@ def check_saved_bytes(fn: Callable[[torch.nn.Module, torch.Tensor], int]) -> Fee
             block = Decoder(cfg, n_layers=1).blocks[0]
             x = torch.randn(b, s, cfg.d_model, requires_grad=True)
         truth = saved_bytes(block, x)
+        with_weights = saved_bytes(block, x, weights=True)  # the weights the block saves, too
         got = whole_number(fb.run("your counter", fn, block, x, returns=(int,)))
-        if got == truth + sum(p.untyped_storage().nbytes() for p in block.parameters()):
-            fb.fail("that counts the weights too: they are parameters, not activations")
+        if got != truth and got in (
+            with_weights,
+            truth + sum(p.untyped_storage().nbytes() for p in block.parameters()),
+        ):
+            fb.fail(
+                "that counts the weights too: they are parameters, not activations",
+                brief="the count includes the weights",
+            )
         fb.require(
             got == truth,
             f"on a block of width {cfg.d_model} at batch {b}, seq {s} it gives {got:,}; the "

@@ -47,6 +47,11 @@ def check_tensor_bytes(answer: object) -> Feedback:
             "that is the size in float32 (4 bytes per element); bfloat16 is 2 bytes",
             brief="that is the size in another dtype",
         )
+    if value is not None and value * 1000 == expected:
+        fb.fail(
+            "that is one 3 x 224 x 224 image; the tensor holds 1000 of them",
+            brief="that counts one image, not the whole tensor",
+        )
     fb.expect(value == expected, f"{value:,} bytes is not right", brief="the number is wrong")
     return fb
 
