@@ -348,7 +348,7 @@ def check_plan(
             False,
             f"you predicted {predicted[c]:,} B of {c} and this plan calls no {c} in a step "
             f"(bytes per collective: {_moved_text(moved)}): {_WHY[c]}",
-            brief="you predicted bytes for a collective this plan does not call",
+            brief=f"you predicted bytes of {c}, a collective this plan does not call",
         )
     loose = [c for c in COLLECTIVES if 0 < moved[c] and predicted[c] > LOOSE * moved[c]]
     for c in loose:
@@ -356,7 +356,7 @@ def check_plan(
             False,
             f"you predicted {predicted[c]:,} B of {c} and {moved[c]:,} B moved: a bound "
             f"{predicted[c] / moved[c]:.1f}x too high says little; the formulas are exact here",
-            brief="your prediction is far above what moved",
+            brief=f"your prediction of {c} is far above what moved",
         )
     if len(fb.problems) > earlier == 0:  # the bytes are all that is wrong: hint at them
         if over:
