@@ -2,6 +2,7 @@
 
     python tools/course_site.py build             # the site into build/site/ (Sphinx, -W)
     python tools/course_site.py serve [--port N]  # serve build/site/ on 127.0.0.1 only
+    python tools/course_site.py screenshots       # artifacts/site_*.png -> docs/site/*.png
 
 Sphinx with myst-nb and sphinx-book-theme (the ``docs`` extra) turns the committed notebooks,
 with their saved outputs, and ``docs/`` into one folder of HTML. Nothing is executed: strict
@@ -401,6 +402,11 @@ def site_notebook(text: str, path: Path, results_dir: Path = RESULTS) -> str:
             source = "\n".join(lines)
             first = False
         cell["source"] = site_markdown(source, path)
+    for out in (o for c in nb["cells"] for o in c.get("outputs", [])):
+        if "text/markdown" in out.get("data", {}):  # read as MyST too: its links resolve
+            out["data"]["text/markdown"] = site_markdown(
+                "".join(out["data"]["text/markdown"]), path
+            )
     return json.dumps(nb)
 
 
@@ -517,6 +523,20 @@ def serve(out: Path = OUT, port: int = 8000) -> None:
             pass
 
 
+def screenshots(shots: Path = ROOT / "artifacts", into: Path = CONF_DIR) -> list[Path]:
+    """The browser test's screenshots (``artifacts/site_*.png``) as the README shows them:
+    128 colours, about a third of the size. Returns the files written."""
+    from PIL import Image
+
+    written = []
+    for shot in sorted(shots.glob("site_*.png")):
+        target = into / shot.name.removeprefix("site_")
+        image = Image.open(shot).convert("RGB")
+        image.quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(target, optimize=True)
+        written.append(target)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -527,7 +547,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve build/site/ on 127.0.0.1")
     s.add_argument("--out", type=Path, default=OUT)
     s.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+    sub.add_parser("screenshots", help="the browser test's screenshots, smaller, into docs/site/")
     args = parser.parse_args(argv)
+    if args.command == "screenshots":
+        written = screenshots()
+        if not written:
+            sys.exit("no artifacts/site_*.png: run tests/test_site_browser.py first")
+        print("\n".join(f"{p.relative_to(ROOT)}: {p.stat().st_size // 1024} KiB" for p in written))
+        return 0
     if args.command == "build":
         return build(args.out, args.work, quiet=not args.verbose)
     if not 0 < args.port < 65536:

@@ -21,7 +21,7 @@ author = "the course's authors"
 copyright = "the course's authors (MIT licence)"
 release = course.RELEASE
 
-extensions = ["myst_nb", "course_site"]
+extensions = ["myst_nb", "sphinx.ext.githubpages", "course_site"]  # githubpages: .nojekyll
 root_doc = "index"
 exclude_patterns = ["docs/site/**", "notebooks/scripts/**", "**/.ipynb_checkpoints"]
 suppress_warnings: list[str] = []  # none: every warning fails the build (-W)
@@ -29,6 +29,7 @@ suppress_warnings: list[str] = []  # none: every warning fails the build (-W)
 # The saved outputs, as committed: never executed here (strict nbval checks them).
 nb_execution_mode = "off"
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # markdown outputs (00's course table): their links resolve
 nb_code_prompt_show = "Show the collapsed {type} (a solution: try the exercise first)"
 nb_code_prompt_hide = "Hide the {type}"
 myst_enable_extensions = ["dollarmath", "amsmath"]
