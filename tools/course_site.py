@@ -96,8 +96,9 @@ def home_page(docs_dir: Path = ROOT / "docs") -> str:
         "",
         "A course of notebooks that teach by running real code, shown here with the outputs of",
         "a CPU run (nothing on this site was run for you: open a notebook in Colab, Binder or",
-        "JupyterLab to run it). Each notebook page opens with its buttons. The repository's",
-        "README says how to run it on your machine: [README](README.md).",
+        "JupyterLab to run it). Each notebook page opens with buttons that do, and a link that",
+        "downloads it. The repository's README says how to run it on your machine:",
+        "[README](README.md).",
     ]
     for number, track in enumerate(course.TRACKS, start=1):
         notebooks = [nb for nb in course.NOTEBOOKS if nb.track == track]
@@ -330,8 +331,10 @@ def jupyter_anchor(text: str) -> str:
 
 
 def site_anchor(text: str) -> str:
-    """The anchor the site gives it (MyST's, GitHub's): lower case, punctuation dropped."""
-    return re.sub(r"[^\w\- ]", "", text.lower().replace(" ", "-"))
+    """The anchor the site gives it: MyST's own (GitHub's), lower case, punctuation dropped."""
+    from mdit_py_plugins.anchors.index import slugify  # what MyST's heading anchors use
+
+    return slugify(text)
 
 
 @functools.cache
