@@ -126,7 +126,7 @@ def test_without_a_record_the_run_is_derived_and_says_so(tmp_path):
     assert f"Outputs from a CPU run with torch {pin}, committed on 20" in sentence
     assert "derived" in sentence
     fresh = site.executed_with({"metadata": {}}, tmp_path / "new.ipynb")
-    assert "not yet committed" in fresh
+    assert "commit date unknown" in fresh
 
 
 # --- widgets, hidden solutions, recorded GPU runs ---------------------------------------------
@@ -228,6 +228,14 @@ def test_no_page_shows_a_gpu_run_that_docs_results_does_not_hold():
     held = {key for run in site.recorded.load_runs(site.RESULTS) for key in run["results"]}
     for path in NOTEBOOKS:
         assert set(site.gpu_recordings(json.loads(path.read_text()))) <= held, path.name
+
+
+def test_the_site_is_served_on_the_loopback_address_only(tmp_path):
+    httpd = site.server(tmp_path, 0)
+    try:
+        assert httpd.server_address[0] == "127.0.0.1"
+    finally:
+        httpd.server_close()
 
 
 # --- links ----------------------------------------------------------------------------------------

@@ -162,18 +162,20 @@ def _torch_pin() -> str:
     return "?"
 
 
-def _last_commit_date(path: Path) -> str | None:
+def _git(*args: str) -> str:
     try:
-        done = subprocess.run(
-            ["git", "log", "-1", "--format=%cs", "--", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _last_commit_date(path: Path) -> str | None:
+    """The date of the last commit that changed ``path``; None when git cannot tell (not in
+    its history, no git, or a shallow clone, where every file seems changed by its one commit)."""
+    if _git("rev-parse", "--is-shallow-repository") != "false":
         return None
-    return done.stdout.strip() or None
+    return _git("log", "-1", "--format=%cs", "--", str(path)) or None
 
 
 def executed_with(nb: dict, path: Path) -> str:
@@ -191,7 +193,7 @@ def executed_with(nb: dict, path: Path) -> str:
             f"torch {made.get('torch', '?')} (written by tools/run_notebooks.py)."
         )
     date = _last_commit_date(path)
-    when = f"committed on {date}" if date else "not yet committed"
+    when = f"committed on {date}" if date else "commit date unknown (not in git's history here)"
     return (
         f"Outputs from a CPU run with torch {_torch_pin()}, {when} (derived: the date of the "
         "notebook's last commit and the torch pin strict nbval checks them against; the "
@@ -549,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--verbose", action="store_true", help="Sphinx's progress, not only warnings")
     s = sub.add_parser("serve", help="serve build/site/ on 127.0.0.1")
     s.add_argument("--out", type=Path, default=OUT)
-    s.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+    s.add_argument("--port", type=int, default=os.environ.get("PORT", "8000"))
     sub.add_parser("screenshots", help="the browser test's screenshots, smaller, into docs/site/")
     args = parser.parse_args(argv)
     if args.command == "screenshots":
