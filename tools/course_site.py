@@ -79,6 +79,8 @@ METADATA_KEY = "tutorial_utils"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 EXTERNAL_IMAGE = re.compile(r"!\[([^\]]*)\]\((?:https?:)?//[^)\s]+\)")
 RECORDED_CALL = re.compile(r"\brecorded\.show\(\s*[\"'](\w+)[\"']")
+#: The course's name: the README's title.
+TITLE = (ROOT / "README.md").read_text(encoding="utf-8").split("\n", 1)[0].removeprefix("# ")
 
 
 # --- the home page and the navigation ---------------------------------------------------------
@@ -92,7 +94,7 @@ def home_page(docs_dir: Path = ROOT / "docs") -> str:
     """The site's index: one table and one toctree per track of ``course.TRACKS``, then the
     guides of ``docs_dir``, then the recorded runs."""
     lines = [
-        "# PyTorch GPU memory and multi-GPU, hands on",
+        f"# {TITLE}",
         "",
         "A course of notebooks that teach by running real code, shown here with the outputs of",
         "a CPU run (nothing on this site was run for you: open a notebook in Colab, Binder or",

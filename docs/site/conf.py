@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))  # the extension course_site
 sys.path.insert(0, str(ROOT / "src"))
 
+from course_site import TITLE  # noqa: E402
+
 from tutorial_utils import course  # noqa: E402
 
-project = "PyTorch GPU memory and multi-GPU, hands on"
+project = TITLE
 author = "the course's authors"
 copyright = "the course's authors (MIT licence)"
 release = course.RELEASE
