@@ -497,6 +497,10 @@ def build(out: Path = OUT, work: Path | None = None, quiet: bool = True) -> int:
     ``work`` holds the staged sources and Sphinx's doctrees (``build/`` by default).
     """
     source, doctrees = (work / "site-src", work / "site-doctrees") if work else (STAGE, DOCTREES)
+    if (out / ".buildinfo").is_file():
+        shutil.rmtree(out)  # a site built before: nothing of it (a renamed page) may survive
+    elif out.exists() and any(out.iterdir()):
+        sys.exit(f"{out} holds files but no site built before: choose an empty or new folder")
     return sphinx_build(stage(source), out, doctrees, quiet)
 
 
