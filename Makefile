@@ -5,13 +5,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
 PIP    := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
-.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench cluster cluster-stop cluster-status cpu-paths
+.PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench cluster cluster-stop cluster-status cpu-paths site site-serve
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.11 (for example)")'
@@ -35,7 +36,7 @@ test: $(STAMP)
 	$(MAKE) lint
 	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard" -n 2 --dist loadfile --durations=12
 
-test-all: $(STAMP) browser-deps
+test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
 	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
 
@@ -45,6 +46,20 @@ test-all: $(STAMP) browser-deps
 # (15 minutes on 2 quiet cores with 04 and 05 too; make test-all runs it, tests/test_cpu_paths.py).
 cpu-paths: $(STAMP)
 	$(BIN)/python tools/cpu_paths.py
+
+# The course as a website (tools/course_site.py): the docs extra (Sphinx, myst-nb,
+# sphinx-book-theme) installed on demand, then the notebooks as committed (nothing executed) and
+# docs/ into build/site/ (about 15 s; any warning fails it). make site-serve shows it on
+# http://127.0.0.1:8000/ (PORT=9000 for another port).
+$(DOCS_STAMP): $(STAMP)
+	$(PIP) install -q -c constraints.txt -e '.[dev,docs]'
+	@touch $(DOCS_STAMP)
+
+site: $(DOCS_STAMP)
+	$(BIN)/python tools/course_site.py build
+
+site-serve: site
+	$(BIN)/python tools/course_site.py serve
 
 # The browser test drives JupyterLab in Debian's Chromium: install it with apt when missing (as root).
 browser-deps:
@@ -120,7 +135,7 @@ cluster-stop:
 	$(PYTHON) tools/cluster.py stop
 
 # Refresh constraints.txt from what .venv holds now (after changing pyproject.toml's ranges).
-lock: $(STAMP)
+lock: $(STAMP) $(DOCS_STAMP)
 	$(BIN)/python tools/lock.py > constraints.txt
 
 clean:

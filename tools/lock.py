@@ -6,8 +6,8 @@ import importlib.metadata
 import sys
 
 HEADER = """\
-# Tested pins (a lock file): every package `make test` and `make lab` install, as tested on
-# Python {py} (x86_64 Linux, CPU). pip reads it with `-c constraints.txt`.
+# Tested pins (a lock file): every package `make test`, `make lab` and `make site` install,
+# as tested on Python {py} (x86_64 Linux, CPU). pip reads it with `-c constraints.txt`.
 # torch is pinned without a build tag: 2.13.0+cpu and 2.13.0+cu12x both satisfy it.
 # Other lines only apply on Python 3.11+, where they were tested; on 3.10 pip picks
 # versions inside pyproject.toml's ranges. Refresh with `make lock`.

@@ -4,6 +4,9 @@
     python tools/run_notebooks.py                      # run on whatever device is here
     python tools/run_notebooks.py --output-dir D --report R.json NB...   # what gpu_check runs
 
+Each notebook saved records what made its outputs in its metadata (``executed_with``: the
+date, the device, torch), which the course's site shows on the notebook's page.
+
 Cells tagged ``raises-exception`` (or marked ``# NBVAL_RAISES_EXCEPTION``) may raise; any
 other error stops that notebook and is reported with the cell that failed. Nothing is compared
 with the committed outputs: on a GPU they differ, and the check cells assert what must hold.
@@ -12,6 +15,8 @@ with the committed outputs: on a GPU they differ, and the check cells assert wha
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
 import json
 import os
 import sys
@@ -32,6 +37,32 @@ def _mark_expected_errors(nb) -> None:
             tags = cell.metadata.setdefault("tags", [])
             if "raises-exception" not in tags:
                 tags.append("raises-exception")
+
+
+@functools.cache
+def executed_with() -> dict:
+    """The date (UTC), the device the kernel computes on and torch's version: what made the
+    outputs. The kernel inherits this process's environment (``--cpu`` hides the GPUs from both).
+    """
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    try:
+        import torch  # only when a notebook is saved
+
+        from tutorial_utils import devices
+    except ImportError as exc:  # the notebooks would have failed first; say what is missing
+        return {"date": date, "device": f"unknown ({exc})", "torch": "unknown"}
+    infos = devices.list_devices()
+    gpus = [d.name for d in infos if d.device.type == "cuda"]
+    if gpus:
+        device = f"{len(gpus)} x {gpus[0]}" if len(gpus) > 1 else gpus[0]
+    else:
+        device = f"CPU ({infos[-1].name})"
+    return {"date": date, "device": device, "torch": torch.__version__}
+
+
+def record_run(nb) -> None:
+    """Write ``executed_with()`` into the notebook's metadata (key ``tutorial_utils``)."""
+    nb.metadata.setdefault("tutorial_utils", {})["executed_with"] = executed_with()
 
 
 def _failed_cell(nb) -> dict:
@@ -64,6 +95,7 @@ def run(path: Path, inplace: bool, timeout: int, output: Path | None = None) -> 
     try:
         client.execute()
     finally:
+        record_run(nb)
         if output is not None:  # keep what ran, failed or not: it shows where it stopped
             output.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, output)
