@@ -338,9 +338,13 @@ class LiveGauge:
                 f"period_s={period_s!r} is above the maximum of {MAX_PERIOD_S:g} s (an hour): "
                 "a gauge shows memory while code runs; sample at least once an hour"
             )
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        if (
+            isinstance(max_samples, bool)
+            or not isinstance(max_samples, int)
+            or not 1 <= max_samples <= 10**9  # a billion samples: weeks at the fastest period
+        ):
             raise ValueError(
-                f"max_samples must be a whole number of at least 1, got {max_samples!r}"
+                f"max_samples must be a whole number from 1 to 10**9, got {max_samples!r}"
             )
         self.period_s = float(period_s)
         if isinstance(sources, (str, Source)):  # one source given alone: sources="torch"
