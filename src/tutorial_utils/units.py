@@ -82,9 +82,8 @@ def parse_bytes(text: str | int | float) -> int:
     """
     if isinstance(text, bool):
         raise ValueError(f"a size must be a number of bytes or text like '512 MiB', not {text!r}")
-    if (
-        isinstance(text, numbers.Integral) and abs(int(text)) >= _TOO_LARGE
-    ):  # it may not fit a float
+    # before float(): an int this large may not fit one
+    if isinstance(text, numbers.Integral) and abs(int(text)) >= _TOO_LARGE:
         raise ValueError(
             f"{text} bytes is too large a size (over {_TOO_LARGE_TEXT}); give a real size, "
             "such as '512 MiB'"
