@@ -40,12 +40,13 @@ test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
 	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -n 2 --dist loadfile --durations=12
 
-# Notebooks 07, 08 and 09 under strict nbval on every CPU math path a learner's machine may take
-# (MKL's AVX2 / SSE4.2 code and CBWR=COMPATIBLE, ATen's default / avx2 / avx512 kernels, oneDNN
-# without native bf16, 1 and 4 threads), then each tolerance's bound beside its worst value
-# (15 minutes on 2 quiet cores with 04 and 05 too; make test-all runs it, tests/test_cpu_paths.py).
+# Every notebook with a tolerance check (derived: tools/cpu_paths.py --list) under strict nbval
+# on every CPU math path a learner's machine may take (MKL's AVX2 / SSE4.2 code and
+# CBWR=COMPATIBLE, ATen's default / avx2 / avx512 kernels, oneDNN without native bf16, the two
+# together as on an AMD EPYC, 1 and 4 threads), then each tolerance's bound beside its worst
+# value, written to docs/cpu-paths.md (make test-all runs it too, tests/test_cpu_paths.py).
 cpu-paths: $(STAMP)
-	$(BIN)/python tools/cpu_paths.py
+	$(BIN)/python tools/cpu_paths.py --markdown docs/cpu-paths.md
 
 # The course as a website (tools/course_site.py): the docs extra (Sphinx, myst-nb,
 # sphinx-book-theme) installed on demand, then the notebooks as committed (nothing executed) and
@@ -114,11 +115,14 @@ TORCH_PYTHON ?= $(PYTHON)
 torch-check:
 	$(PYTHON) tools/torch_check.py --torch $(TORCH) --python $(TORCH_PYTHON) $(TORCH_CHECK_ARGS)
 
-# Accuracy and cost measurements (they print tables; not part of make test), then the GPU
-# benchmarks on whatever device is here (JSON and markdown into artifacts/bench/).
+# Accuracy and cost measurements (they print tables; not part of make test), the seconds no unit
+# test asserts (medians), then the GPU benchmarks on whatever device is here (JSON and markdown
+# into artifacts/bench/).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/memory_accuracy.py
 	$(BIN)/python benchmarks/monitor_cost.py
+	$(BIN)/python benchmarks/response_times.py
+	$(BIN)/python benchmarks/calculator_updates.py
 	$(BIN)/python benchmarks/gpu_bench.py --out artifacts/bench
 
 # A real two-node Slurm cluster on this machine (as root; installs slurm-wlm and munge with apt

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 import warnings
@@ -214,7 +215,8 @@ class FakeNvml(types.SimpleNamespace):
     ``fail_after``: the number of memory queries that succeed before every query raises
     ``NVMLError`` (``None``: never fails) -- a driver going away in the middle of a run.
     ``missing``: no driver (``nvmlInit`` raises ``NVMLError_LibraryNotFound``).
-    ``hang_s``: ``nvmlInit`` blocks this long first (a wedged driver).
+    ``hang_s``: ``nvmlInit`` blocks this long first (a wedged driver), or until ``release`` is
+    set: a test sets it once it has seen that nobody waited for the hung call.
     """
 
     class NVMLError(Exception):
@@ -232,13 +234,14 @@ class FakeNvml(types.SimpleNamespace):
         self.fail_after = fail_after
         self.missing = missing
         self.hang_s = hang_s
+        self.release = threading.Event()
         self.init_calls = 0
         self.shutdown_calls = 0
         self.memory_queries = 0
 
     def nvmlInit(self):
         if self.hang_s:
-            time.sleep(self.hang_s)
+            self.release.wait(self.hang_s)
         if self.missing:
             raise self.NVMLError_LibraryNotFound("NVML Shared Library Not Found")
         self.init_calls += 1

@@ -379,7 +379,7 @@ def launch_malformed_report(hang: bool = False) -> dict:
 
 
 def launch_bad_arguments() -> dict:
-    """launch() with each bad argument: what it raised and how long that took."""
+    """launch() with each bad argument: what it raised, how many processes it started first."""
     from tutorial_utils.distributed import launch
 
     job = _job("print('hello')\n")
@@ -394,14 +394,28 @@ def launch_bad_arguments() -> dict:
         "args='--epochs 3'": {"args": "--epochs 3", "timeout": 60},
     }
     out = {}
+    real_popen = subprocess.Popen
     for name, kwargs in cases.items():
+        started = []  # every process launch() starts goes through subprocess.Popen
+
+        def popen(*args, _started=started, **popen_kwargs):
+            _started.append(args[0] if args else popen_kwargs.get("args"))
+            return real_popen(*args, **popen_kwargs)
+
         start = time.monotonic()
+        subprocess.Popen = popen
         try:
             launch(job, echo=None, **kwargs)
             what = "returned"
         except Exception as exc:
             what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90] if str(exc) else ''}"
-        out[name] = {"outcome": what, "after_s": round(time.monotonic() - start, 1)}
+        finally:
+            subprocess.Popen = real_popen
+        out[name] = {
+            "outcome": what,
+            "processes_started": len(started),
+            "after_s": round(time.monotonic() - start, 1),  # reported, not asserted
+        }
     return out
 
 

@@ -65,10 +65,44 @@ bad_size = st.one_of(not_a_whole_number, st.integers(max_value=0), st.integers(m
 @PROPERTY
 @given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False).filter(lambda x: x != int(x)))
 def test_parse_bytes_refuses_a_fraction_of_a_byte(x):
-    # before: parse_bytes('1.5') == 1, a silent wrong answer (truncated)
+    # before: parse_bytes('1.5') == 1, a silent wrong answer (truncated); issue 37: and
+    # parse_bytes(2.7) == 3 while '2.7' was refused: a fraction of a byte is refused either way
     one_sentence(units.parse_bytes, repr(x))
     one_sentence(units.parse_bytes, f"{x!r} B")
-    assert units.parse_bytes(x) == round(x)  # a computed size: the nearest byte
+    one_sentence(units.parse_bytes, x)
+
+
+@PROPERTY
+@given(st.integers(min_value=1, max_value=2**40), st.sampled_from(["", " B", " KiB", " GB", "M"]))
+def test_parse_bytes_refuses_a_negative_size(n, unit):
+    # issue 37: parse_bytes('-3 MiB') returned a negative size
+    text = one_sentence(units.parse_bytes, f"-{n}{unit}")
+    assert "negative" in text
+    one_sentence(units.parse_bytes, -n)
+    assert units.parse_bytes(f"{n}{unit}") > 0 and units.parse_bytes(float(n)) == n
+
+
+@pytest.mark.parametrize(
+    "unit", ["b", "kb", "Kb", "Mb", "mb", "Gb", "gb", "Tb", "Pb", "Gib", "gib"]
+)
+def test_parse_bytes_refuses_bits(unit):
+    # issue 37: parse_bytes('10 Gb') was 10 GB, reading gigabits as gigabytes
+    from tutorial_utils import fit_inputs
+
+    text = one_sentence(units.parse_bytes, f"10 {unit}")
+    assert "bits" in text and f"'10 {unit[0].upper() if len(unit) > 1 else ''}B'" in text
+    if unit != "b":
+        text = one_sentence(fit_inputs.parse_size, f"10{unit}")  # the calculator's --gpu 10Gb
+        assert "bits" in text
+    upper = unit[:-1] + "B"
+    assert units.parse_bytes(f"10 {upper}") >= 10  # the same with a capital B is bytes
+
+
+def test_parse_bytes_takes_a_whole_number_of_any_kind():
+    import numpy as np
+
+    assert units.parse_bytes(3.0) == units.parse_bytes(np.int64(3)) == units.parse_bytes("3") == 3
+    assert units.parse_bytes("1.1 KiB") == 1126  # a fraction of a unit: the nearest byte
 
 
 @PROPERTY
@@ -283,6 +317,98 @@ def test_heads_must_divide_the_model_width(d_model, n_heads):
     assert "multiple of n_heads" in text
 
 
+# --------------------------------------------------------------------------- formulas, decoder
+
+
+@pytest.mark.parametrize(("d_model", "n_heads"), [(4096, 3), (64, 5), (10, 4)])
+def test_korthikanti_needs_heads_that_divide_the_model_width(d_model, n_heads):
+    # issue 37: korthikanti_bytes(2048, 1, 4096, 3) answered for a layer that cannot exist
+    from tutorial_utils import formulas
+
+    text = one_sentence(formulas.korthikanti_bytes, 2048, 1, d_model, n_heads)
+    assert "multiple of n_heads" in text
+    assert formulas.korthikanti_bytes(2048, 1, 4096, 32) == 2048 * 4096 * 34 + 5 * 32 * 2048**2
+
+
+# Sizes each formula or config takes, the smallest each may be, and a call with the others
+# fixed; the bad values are what a slip gives (0 where no such model exists, a negative, a
+# fraction, a bool, NaN, infinity).
+def _formula_sizes():
+    from tutorial_utils import decoder, formulas
+
+    def config(**kw):
+        return decoder.DecoderConfig(**kw)
+
+    def transformer(**kw):
+        args = {"vocab": 100, "d_model": 64, "n_layers": 2, "n_classes": 5} | kw
+        return formulas.tiny_transformer_parameters(**args)
+
+    def playbook(**kw):
+        return formulas.playbook_parameters(**({"d_model": 64, "vocab": 100, "n_layers": 2} | kw))
+
+    def per_parameter(n):
+        return formulas.model_state_bytes(10).per_parameter(n)
+
+    return [
+        *((config, name, low) for name, low in [("vocab", 1), ("d_model", 1), ("n_layers", 0)]),
+        *((config, name, low) for name, low in [("n_heads", 1), ("n_kv_heads", 1), ("d_ff", 1)]),
+        (config, "max_positions", 0),
+        *((transformer, name, 1) for name in ("vocab", "d_model", "n_layers", "n_classes")),
+        (playbook, "vocab", 1),
+        (playbook, "d_model", 1),
+        (playbook, "n_layers", 0),
+        (lambda n: per_parameter(n), "n", 1),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_formula_sizes())))
+@pytest.mark.parametrize("slip", ["too small", "negative", "fraction", "bool", "nan", "inf"])
+def test_every_formula_size_refuses_nonsense(case, slip):
+    # issue 37: DecoderConfig(d_ff=-3), DecoderConfig(vocab=0), tiny_transformer_parameters(
+    # vocab=0) and ModelStates.per_parameter(2.5) answered silently
+    build, name, low = _formula_sizes()[case]
+    value = {"too small": low - 1, "negative": -3, "fraction": 2.5, "bool": True}.get(slip)
+    value = float(slip) if value is None else value
+    call = (lambda: build(value)) if name == "n" else (lambda: build(**{name: value}))
+    text = one_sentence(call)
+    assert name in text
+
+
+def test_a_decoder_seed_is_checked_as_the_models_seeds_are():
+    # issue 37: Decoder(seed=-3) was silently a model; seeded(-3) and MLP(seed=-3) refuse it
+    from tutorial_utils import decoder
+
+    assert "seed" in one_sentence(decoder.Decoder, seed=-3)
+
+
+# --------------------------------------------------------------------------- devices, lab, gauges
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True, float("nan"), 129, 2**20])
+def test_demo_devices_refuses_a_count_no_machine_has(n):
+    # issue 37: demo_devices(2**20) gave a million CPU stand-ins (10**30: a hang until memory
+    # ran out); torch numbers GPUs 0 to 127
+    from tutorial_utils import devices
+
+    one_sentence(devices.demo_devices, n)
+    one_sentence(devices.Capabilities.machine("cpu").demo_devices, n)
+
+
+@pytest.mark.parametrize("port", [-3, 0, 2.5, True, float("nan"), 70000, "8890"])
+def test_lab_command_checks_its_port(port):
+    # issue 37: lab_command(port=-3) built "--ServerApp.port=-3"
+    from tutorial_utils import lab
+
+    assert "port" in one_sentence(lab.lab_command, port=port)
+
+
+def test_a_gauge_holds_a_number_of_samples_a_deque_can():
+    # issue 37: LiveGauge(max_samples=10**30) raised OverflowError from inside deque
+    from tutorial_utils.gauges import LiveGauge
+
+    assert "max_samples" in one_sentence(LiveGauge, sources=["psutil"], max_samples=10**30)
+
+
 # --------------------------------------------------------------------------- magics
 
 
@@ -348,6 +474,45 @@ def _uncountable(kind: str, dtype):
     if kind == "sparse embedding bag":
         return nn.EmbeddingBag(100, 8, sparse=True), torch.randint(0, 100, (4, 5))
     return nn.Linear(16, 16), torch.randn(4, 16).to_sparse()  # a sparse input
+
+
+@pytest.mark.parametrize(
+    "shape", [(2**62, 4), (2**40, 2**40), ((2, 4), (2**61, 8))], ids=["2**62", "2**80", "second"]
+)
+def test_an_input_no_tensor_can_hold_is_one_sentence(shape):
+    # issue 37: estimate(nn.Linear(4, 4), (2**62, 4)) raised torch's raw "Storage size
+    # calculation overflowed" from inside the step
+    from torch import nn
+
+    from tutorial_utils import memory
+
+    text = one_sentence(memory.estimate, nn.Linear(4, 4), shape)
+    assert "Storage size" not in text and "than any tensor can" in text
+    if isinstance(shape[0], int):
+        assert "than any tensor can" in one_sentence(memory.spec, shape)
+
+
+def test_a_step_that_would_make_a_tensor_too_large_says_so():
+    from torch import nn
+
+    from tutorial_utils import memory
+
+    with pytest.raises(memory.EstimateError) as info:  # what it says when a step cannot run
+        memory.estimate(lambda: nn.Linear(4, 2**40), (2**30, 4))
+    text = str(info.value)
+    assert "\n" not in text and "Storage size" not in text
+    assert "smaller" in text and "Linear" in text
+
+
+@pytest.mark.parametrize("shape", [(2.5, 4), (True, 4), (4, float("nan")), (-1, 4)])
+def test_a_shape_of_what_is_not_whole_numbers_is_one_sentence(shape):
+    # issue 37: (2.5, 4) was read as two inputs, 2.5 and 4: "Linear.forward() takes 2
+    # positional arguments but 3 were given"
+    from torch import nn
+
+    from tutorial_utils import memory
+
+    assert "a tuple of whole numbers" in one_sentence(memory.estimate, nn.Linear(4, 4), shape)
 
 
 @FEW

@@ -189,14 +189,19 @@ def test_without_nvidia_smi_gputil_sees_no_gpu_and_runs_nothing(tmp_path, monkey
 def test_a_check_that_never_returns_becomes_a_row_not_a_hang():
     # The last line of defence behind each check's own timeout (a lock inside a library).
     import threading
-    import time
 
     from tutorial_utils import doctor as doctor_module
 
-    start = time.monotonic()
-    result = doctor_module._in_background(threading.Event().wait, "GPUtil", 0.2)
+    release, returned = threading.Event(), []
+
+    def never_returns():
+        release.wait(60)  # a hang guard: a doctor that waited for it would return after 60 s
+        returned.append(True)
+
+    result = doctor_module._in_background(never_returns, "GPUtil", 0.2)
     row = result()
-    assert time.monotonic() - start < 5
+    assert returned == [], "the row came only once the check returned: the doctor waited"
+    release.set()
     assert (row.name, row.status) == ("GPUtil", doctor_module.MISSING)
     assert "gave up after 0.2 s" in row.detail
 

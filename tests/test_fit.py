@@ -207,14 +207,26 @@ def test_several_gpus_without_sharding_are_ddp_with_its_buckets():
     assert "DDP over 4 GPUs" in repr(four)
 
 
-def test_a_huge_batch_allocates_nothing_and_answers_fast():
+def test_a_huge_batch_allocates_nothing_and_answers_fast(monkeypatch):
+    # issue 37: this also held the answer to < 20 s of wall clock; what makes it quick is what
+    # runs: one block and the embedding + head on fake tensors, not the 12 layers (seconds:
+    # benchmarks/response_times.py)
     import resource
-    import time
 
+    from tutorial_utils.decoder import Block
+
+    passes, real_pass = [], fit._fake_pass
+
+    def fake_pass(build, *args):
+        with torch.device("meta"):
+            passes.append(sum(isinstance(m, Block) for m in build().modules()))
+        return real_pass(build, *args)
+
+    monkeypatch.setattr(fit, "_fake_pass", fake_pass)
+    fit._activations.cache_clear()  # answered from scratch, not from an earlier test's cache
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
     r = fit.will_it_fit("gpt2", batch=100_000, seq=1024, precision="bf16-master")
-    assert time.perf_counter() - start < 20
+    assert passes == [1, 0], passes  # one block, then the head: never the whole model
     assert r.categories["activations"] > 100 * 2**30  # hundreds of GiB, none of them real
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 200 * 1024, f"the process grew by {grown_kib} KiB: something was real"

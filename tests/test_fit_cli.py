@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given
@@ -26,20 +25,33 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+def _imports_torch(*args: str) -> tuple[bool, subprocess.CompletedProcess]:
+    """Run ``python -m tutorial_utils fit ARGS`` in a fresh Python: whether it imported torch
+    (what makes an answer slow: about 2 s on a small machine), and the finished process."""
+    code = (
+        "import sys\n"
+        "from tutorial_utils.__main__ import main\n"
+        "try:\n    code = main(['fit', *sys.argv[1:]])\nexcept SystemExit as exit:\n"
+        "    code = exit.code\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+        "sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+    )
+    *lines, imported = done.stderr.splitlines()
+    done.stderr = "\n".join(lines) + ("\n" if lines else "")
+    return imported == "True", done
+
+
 def test_help_describes_every_option_and_comes_before_torch():
+    # issue 37: this asserted --help < 0.5 s (a wall clock; benchmarks/response_times.py times
+    # it); what keeps it quick is that it imports no torch
     parser = fit_cli.parser()
     for action in parser._actions:
         assert action.help, f"{action.option_strings or action.dest} has no line in --help"
-    code = (
-        "import sys, time; start = time.perf_counter()\n"
-        "from tutorial_utils.__main__ import main\n"
-        "try:\n    main(['fit', '--help'])\nexcept SystemExit:\n    pass\n"
-        "print('torch' in sys.modules, time.perf_counter() - start, file=sys.stderr)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    imported, seconds = done.stderr.split()
-    assert imported == "False", "--help imported torch"
-    assert float(seconds) < 0.5, seconds
+    imported, done = _imports_torch("--help")
+    assert not imported, "--help imported torch"
     for option in ("--batch", "--seq", "--precision", "--optimizer", "--checkpointing"):
         assert option in done.stdout
     for option in ("--sharding", "--gpus", "--gpu ", "--gpu-memory", "--no-headroom"):
@@ -73,11 +85,12 @@ def test_argument_errors_are_one_sentence_without_torch(args, message, capsys, m
     assert "torch" not in set(sys.modules) - before
 
 
-def test_an_argument_error_answers_at_once():
-    start = time.perf_counter()
-    done = _run("llama-9b")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert time.perf_counter() - start < 2.0  # the interpreter's start, not torch's import
+def test_an_argument_error_answers_before_importing_torch():
+    # issue 37: this asserted < 2.0 s in a fresh Python (benchmarks/response_times.py times it)
+    imported, done = _imports_torch("llama-9b")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "model 'llama-9b' is unknown" in done.stderr
+    assert not imported, "an argument error imported torch first"
 
 
 def test_the_persons_question_gets_a_verdict_and_the_change_that_helps():

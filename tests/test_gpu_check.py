@@ -139,10 +139,10 @@ def test_a_child_past_its_time_is_killed_with_its_own_children(tmp_path):
         f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
         "time.sleep(60)\n"
     )
-    start = time.monotonic()
     rc, log = check.child("sleeper", [sys.executable, "-c", code], timeout=3)
+    # 124: stopped at its timeout (a child left to finish its 60 s sleep would exit 0); issue 37:
+    # not also "it took < 30 s"
     assert rc == 124 and "stopped after 3 s" in log
-    assert time.monotonic() - start < 30
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:

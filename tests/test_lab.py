@@ -100,10 +100,10 @@ def test_a_configuration_that_turns_the_token_off_is_refused(start_lab):
 def test_a_configuration_with_a_token_of_its_own_is_refused_at_once(start_lab):
     """It replaced ours: every check was refused (4 "Forbidden" warnings a second) until, after
     180 s, the launcher said the server was not ready although it was up."""
-    start = time.monotonic()
     run = start_lab(config="c.IdentityProvider.token = 'mytoken'\n")
     assert run.proc.wait(timeout=180) == 1
-    assert time.monotonic() - start < lab._READY_TIMEOUT_S / 2
+    # at once: refused by the configuration check, not after waiting for the server to be
+    # ready (issue 37: not by the clock, "< half the ready timeout")
     text = run.text()
     assert "lab: your Jupyter configuration sets a token of its own" in text
     assert "was not ready" not in text

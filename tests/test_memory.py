@@ -333,7 +333,8 @@ def test_budget_already_exceeded_at_entry():
 
 @pytest.mark.parametrize("bad", [0, -1, "0 MiB", "-5 MiB"])
 def test_budget_must_be_positive(bad):
-    with pytest.raises(ValueError, match="positive number of bytes"):
+    # a negative size is refused by parse_bytes itself (issue 37), zero by budget
+    with pytest.raises(ValueError, match="positive number of bytes|cannot be negative"):
         with memory.budget(bad):
             pass
 
@@ -808,23 +809,24 @@ def test_fake_tensors_never_count_against_real_memory():
 
 
 @pytest.mark.slow  # a fresh Python that imports torch
-def test_starting_the_count_is_quick_and_does_not_import_dynamo():
+def test_starting_the_count_does_not_import_dynamo():
+    # What keeps the first count quick: importing torch._dynamo alone takes about 3 s on a small
+    # machine. (Issue 37: this also held the count to < 2.0 s of wall clock; the seconds are
+    # benchmarks/response_times.py's.)
     import subprocess
     import sys
 
     code = (
-        "import sys, time, torch\n"
+        "import sys, torch\n"
         "from tutorial_utils import memory\n"
-        "t = time.perf_counter()\n"
         "with memory.measure('cpu') as m:\n"
         "    x = torch.zeros(1024)\n"
-        "print(m.delta_bytes, 'torch._dynamo' in sys.modules, time.perf_counter() - t)\n"
+        "print(m.delta_bytes, 'torch._dynamo' in sys.modules)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
     ).stdout.split()
-    assert out[:2] == ["4096", "False"]
-    assert float(out[2]) < 2.0  # importing torch._dynamo alone takes about 3 s here
+    assert out == ["4096", "False"]
 
 
 class _Tagged(torch.Tensor):

@@ -23,7 +23,8 @@ def test_units():
     assert parse_bytes("2 PB") == 2 * 10**15
     assert parse_bytes("512m") == 512 * 2**20
     assert parse_bytes("1_024") == 1024
-    assert parse_bytes("-5 MiB") == -5 * 2**20  # the caller says why a negative size is wrong
+    with pytest.raises(ValueError, match="cannot be negative"):  # issue 37: it was -5 MiB
+        parse_bytes("-5 MiB")
 
 
 @pytest.mark.parametrize("bad", [True, float("nan"), float("inf"), "abc", None, "1 XiB", "", [1]])

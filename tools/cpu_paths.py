@@ -1,9 +1,15 @@
 """Run notebooks under every CPU math path a learner's machine may take, and show each
 tolerance's worst value against its bound.
 
-    python tools/cpu_paths.py                       # 07 to 10 under every path (make cpu-paths)
+    python tools/cpu_paths.py                       # every checked notebook, every path
     python tools/cpu_paths.py --paths "as is" "MKL AVX2" --notebooks notebooks/03_*.ipynb
-    python tools/cpu_paths.py --markdown docs/cpu-paths.md
+    python tools/cpu_paths.py --markdown docs/cpu-paths.md   # what make cpu-paths runs
+    python tools/cpu_paths.py --list                # the notebooks and paths, nothing run
+
+The notebooks are derived, not listed (``checked_notebooks``): every notebook whose code holds
+a value to a tolerance (a ``tol_NAME``, a ``within(...)``) or launches a script that derives
+its bound with ``scripts/common.py`` (``sum_bound``, ``within``, ``relative_gap``), so a
+renumbering or a new notebook cannot leave one out.
 
 Why: two correct programs that add the same numbers in another order round differently, and
 which order a CPU takes depends on its kernels. MKL takes its AVX-512 code only on Intel CPUs;
@@ -22,14 +28,18 @@ with two recorders on:
 
 The report has one row per tolerance: its bound, its worst value on each path, and the margin
 (bound / worst value over all paths). The course keeps every margin at 10x or more
-(``tests/test_cpu_paths.py``).
+(``tests/test_cpu_paths.py``). ``--markdown`` writes the tables under a line that says how,
+where and when they were made.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,12 +48,31 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = [
-    "notebooks/07_data_parallelism.ipynb",
-    "notebooks/08_model_parallelism.ipynb",
-    "notebooks/09_zero_and_fsdp2.ipynb",
-    "notebooks/10_tensor_and_sequence_parallelism.ipynb",
-]
+# What a launched script derives its bound with (notebooks/scripts/common.py)
+_TOLERANCE_HELPERS = re.compile(
+    r"\b(?:within|sum_bound|relative_gap|FP32_ROUNDING|BF16_ROUNDING)\b"
+)
+_OWN_TOLERANCE = re.compile(r"\btol_\w+|\bwithin\(")
+
+
+def checked_notebooks(root: Path = ROOT) -> list[str]:
+    """The notebooks whose checks hold a value to a tolerance, in course order (paths relative
+    to ``root``): a ``tol_NAME`` or ``within(`` in a code cell, or the name of a script under
+    ``notebooks/scripts/`` that uses ``common.py``'s tolerance helpers."""
+    scripts = [
+        p.stem
+        for p in sorted((root / "notebooks" / "scripts").glob("*.py"))
+        if p.stem != "common" and _TOLERANCE_HELPERS.search(p.read_text())
+    ]
+    found = []
+    for notebook in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = json.loads(notebook.read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        if _OWN_TOLERANCE.search(code) or any(re.search(rf"\b{s}\b", code) for s in scripts):
+            found.append(str(notebook.relative_to(root)))
+    return found
+
+
 PATHS: dict[str, dict[str, str]] = {
     "as is": {},
     "MKL AVX2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
@@ -53,6 +82,14 @@ PATHS: dict[str, dict[str, str]] = {
     "ATen avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "ATen avx512": {"ATEN_CPU_CAPABILITY": "avx512"},
     "oneDNN AVX2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+    # Issue 37: an AMD EPYC with these two printed "1e-07" where 07's committed output said
+    # "2e-07" (strict nbval failed); on AMD, MKL takes its AVX2 code too (the next path)
+    "ATen default + oneDNN AVX2": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "as on AMD": {  # MKL AVX2, ATen default, oneDNN AVX2
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "ATEN_CPU_CAPABILITY": "default",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+    },
     "1 thread": {"OMP_NUM_THREADS": "1"},
     "4 threads": {"OMP_NUM_THREADS": "4"},
 }
@@ -171,17 +208,56 @@ def table(results: list[dict]) -> tuple[list[dict], str]:
     return rows, "\n".join(lines) + "\n"
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def heading(argv: list[str] | None) -> str:
+    """The page's title and the line that says how, where and when its tables were made."""
+    import torch
+
+    command = " ".join(
+        ["python tools/cpu_paths.py"]
+        + [f'"{a}"' if " " in a else a for a in (sys.argv[1:] if argv is None else argv)]
+    )
+    return (
+        "# Every tolerance on every CPU math path\n\n"
+        f"Written by `{command}` on {_cpu_model()} ({os.cpu_count()} CPUs; ATen's best "
+        f"kernels here: {torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, "
+        f"{datetime.date.today().isoformat()}. Each path forces one CPU math choice (see "
+        "[troubleshooting §14](troubleshooting.md#14-a-check-failed-on-my-machine-but-passes-in-ci)"
+        "); a bound is what the check asserts, a value the worst gap any rank or cell saw on "
+        "that path, the margin the bound over the worst of them.\n\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--paths", nargs="+", default=list(PATHS), help="names from PATHS")
-    parser.add_argument("--notebooks", nargs="+", default=NOTEBOOKS)
+    parser.add_argument(
+        "--notebooks", nargs="+", help="default: every notebook with a tolerance check"
+    )
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers per path")
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--list", action="store_true", help="say what would run; run nothing")
     args = parser.parse_args(argv)
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
         parser.error(f"unknown path {unknown[0]!r}: choose from {', '.join(PATHS)}")
+    args.notebooks = args.notebooks or checked_notebooks()
+    if args.list:
+        print("notebooks:", " ".join(args.notebooks))
+        for name in args.paths:
+            env = " ".join(f"{k}={v}" for k, v in PATHS[name].items()) or "(nothing set)"
+            print(f"path {name!r}: {env}")
+        return 0
     results = []
     for name in args.paths:
         print(f"{name}: {PATHS[name] or 'nothing set'} ...", flush=True)
@@ -195,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"results": results, "rows": rows}, indent=1))
     if args.markdown:
-        args.markdown.write_text(markdown)
+        args.markdown.write_text(heading(argv) + markdown)
     failed = [r["path"] for r in results if r["returncode"]]
     thin = [r["name"] for r in rows if r["margin"] < MARGIN]
     if failed:

@@ -13,6 +13,8 @@ import copy
 import dataclasses
 import functools
 import logging
+import math
+import numbers
 import operator
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -274,9 +276,14 @@ class _ModuleWatch:
             where = "the loss function"
         text = str(exc).strip()
         reason = text.splitlines()[0] if text else "no message"
-        return EstimateError(
-            f"estimate could not run {where} on fake tensors: {type(exc).__name__}: {reason}"
-        )
+        if reason.startswith("Storage size calculation overflowed"):  # torch's words for it
+            reason = (
+                f"one of its tensors would be larger than any tensor can be (2**63 bytes; "
+                f"{reason.partition(' with ')[2]}): give smaller input shapes or a smaller model"
+            )
+        else:
+            reason = f"{type(exc).__name__}: {reason}"
+        return EstimateError(f"estimate could not run {where} on fake tensors: {reason}")
 
 
 def _run_step(
@@ -592,7 +599,23 @@ def spec(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> TensorSpec
         )
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype such as torch.long, not {dtype!r}")
+    _check_addressable(tuple(sizes), dtype)
     return TensorSpec(tuple(sizes), dtype)
+
+
+#: PyTorch sizes a tensor's storage in signed 64-bit bytes: one larger cannot exist, even fake.
+_MAX_TENSOR_BYTES = 2**63 - 1
+
+
+def _check_addressable(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """One sentence for a shape no tensor can have (torch's own error is "Storage size
+    calculation overflowed", raised from deep inside the step)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > _MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"an input of shape {shape} in {dtype} would hold {format_bytes(nbytes)}, more "
+            "than any tensor can (2**63 bytes); give the shape of a real batch, such as (8, 128)"
+        )
 
 
 def _is_shape(x) -> bool:
@@ -603,12 +626,27 @@ def _is_shape(x) -> bool:
     )
 
 
+def _check_shapes(inputs) -> None:
+    """``estimate``'s plain shapes: whole numbers, 0 or more, that a tensor can have. A tuple
+    of numbers that are not all whole (``(2.5, 4)``, ``(True, 4)``) is a shape gone wrong, not
+    several inputs."""
+    raw = _as_tuple(inputs)
+    if raw and all(isinstance(n, numbers.Number) for n in raw):
+        raw = (tuple(raw),)  # (2.5, 4): one shape, and a wrong one
+    for x in raw:
+        if not isinstance(x, (tuple, list, torch.Size)) or not x:
+            continue
+        if not all(isinstance(n, numbers.Number) for n in x):
+            continue  # a tuple of tensors, flags...: the model's business
+        if not _is_shape(x) or any(n < 0 for n in x):
+            raise ValueError(
+                f"an input shape is a tuple of whole numbers, 0 or more, such as (8, 128); got "
+                f"{tuple(x)!r}" + (" (estimate cannot infer a -1)" if -1 in x else "")
+            )
+        _check_addressable(tuple(x), torch.float32)
+
+
 def _fake_input(x, device: torch.device):
-    if _is_shape(x) and any(n < 0 for n in x):
-        raise ValueError(
-            f"an input shape is a tuple of whole numbers, 0 or more, such as (8, 128); got "
-            f"{tuple(x)!r} (estimate cannot infer a -1)"
-        )
     if isinstance(x, torch.Tensor):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
     if isinstance(x, TensorSpec):
@@ -908,6 +946,7 @@ def estimate(
             f"not {type(model_or_factory).__name__}"
         )
     home = _model_device(model)
+    _check_shapes(inputs)
     _check_what_is_counted(model, _as_tuple(inputs))
     if device is not None:
         target = _resolve(device)

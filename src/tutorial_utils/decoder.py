@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .models import _initialised_with
+from .models import _check, _initialised_with
 
 __all__ = ["PRESETS", "Block", "Decoder", "DecoderConfig", "preset"]
 
@@ -47,10 +47,18 @@ class DecoderConfig:
     attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "explicit"
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "d_model", "n_layers", "n_heads"):
+        # The smallest each size may be: no layers is an embedding alone (fit.py counts the
+        # head that way), no positions is RoPE's; None is "the default" where the field allows.
+        smallest = {"vocab": 1, "d_model": 1, "n_layers": 0, "n_heads": 1}
+        smallest |= {"n_kv_heads": 1, "d_ff": 1, "max_positions": 0}
+        for name, low in smallest.items():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"DecoderConfig.{name} must be a whole number >= 0, not {value!r}")
+            if value is None and name in ("n_kv_heads", "d_ff"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(
+                    f"DecoderConfig.{name} must be a whole number >= {low}, not {value!r}"
+                )
         if self.n_heads < 1 or self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads}): "
@@ -194,6 +202,7 @@ class Decoder(nn.Module):
         elif fields:
             cfg = replace(cfg, **fields)
         self.cfg = cfg
+        _check("Decoder", seed=seed)
         with _initialised_with(seed):
             self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
             self.positions = (

@@ -128,6 +128,17 @@ def _check_gpu_number(n: object, name: str = "n") -> int:
     return n
 
 
+def _check_demo_count(n: object) -> int:
+    """The number of devices a demo asks for: 1 to 128 (torch numbers GPUs 0 to 127), so a
+    typo such as 10**9 is one sentence rather than a billion CPU stand-ins."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_INDEX + 1:
+        raise ValueError(
+            f"a demo needs at least one device and at most {_MAX_INDEX + 1} (a whole number), "
+            f"got n={n!r}"
+        )
+    return n
+
+
 def has_gpu(n: int = 1) -> bool:
     """True when at least ``n`` CUDA devices can be used (``n`` is 1 or more)."""
     return gpu_count() >= _check_gpu_number(n)
@@ -330,9 +341,7 @@ class DeviceSet:
 def demo_devices(n: int = 2) -> DeviceSet:
     """``n`` devices for a demo that needs several: ``cuda:0..n-1`` if present, else ``n`` x
     ``cpu``."""
-    if n < 1:
-        raise ValueError(f"a demo needs at least one device, got n={n}")
-    if has_gpu(n):
+    if has_gpu(_check_demo_count(n)):
         return DeviceSet(tuple(torch.device("cuda", i) for i in range(n)), stand_ins=False)
     return DeviceSet(tuple(torch.device("cpu") for _ in range(n)), stand_ins=True)
 
@@ -540,8 +549,7 @@ class Capabilities:
     def demo_devices(self, n: int = 2) -> DeviceSet:
         """``n`` devices for a multi-device demo on this machine: GPUs when it has ``n``, else
         ``n`` CPU stand-ins (the same answer as ``devices.demo_devices`` gives on the machine)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"a demo needs at least one device, got n={n!r}")
+        _check_demo_count(n)
         if self.kind == "cuda" and self.gpu_count >= n:
             return DeviceSet(tuple(torch.device("cuda", i) for i in range(n)), stand_ins=False)
         return DeviceSet(tuple(torch.device("cpu") for _ in range(n)), stand_ins=True)

@@ -29,6 +29,8 @@ import numbers
 import re
 from dataclasses import dataclass
 
+from .units import refuse_bits
+
 __all__ = [
     "CHECKPOINTING",
     "GPUS",
@@ -272,6 +274,7 @@ def parse_size(text) -> int:
     match = _SIZE.match(str(text))
     if not match:
         raise ValueError(f"cannot read {text!r} as a memory size: write it like '24GB' or '80GiB'")
+    refuse_bits(text, match.group(1), match.group(2) or "")  # '24Gb' is gigabits
     number, unit = float(match.group(1)), (match.group(2) or "").lower()
     if unit.endswith("i"):
         unit += "b"

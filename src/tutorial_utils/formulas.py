@@ -50,14 +50,16 @@ def tiny_transformer_parameters(vocab: int, d_model: int, n_layers: int, n_class
     LayerNorms 2h each: 12h^2 + 13h, the Playbook's per-layer term exactly.
     """
     for name, value in (("vocab", vocab), ("n_layers", n_layers), ("n_classes", n_classes)):
-        _count(name, value)
+        _count(name, value, 1)  # as models.TinyTransformer refuses 0
     h = _count("d_model", d_model, 1)
     return vocab * h + n_layers * (12 * h * h + 13 * h) + h * n_classes + n_classes
 
 
 def playbook_parameters(d_model: int, vocab: int, n_layers: int) -> int:
-    """The Playbook's GPT-style count: tied embedding, L layers, a final LayerNorm (2h)."""
-    _count("vocab", vocab)
+    """The Playbook's GPT-style count: tied embedding, L layers, a final LayerNorm (2h).
+
+    ``n_layers=0`` is the embedding and the final norm alone (as ``decoder.DecoderConfig``)."""
+    _count("vocab", vocab, 1)
     _count("n_layers", n_layers)
     h = _count("d_model", d_model, 1)
     return h * vocab + n_layers * (12 * h * h + 13 * h) + 2 * h
@@ -136,7 +138,8 @@ class ModelStates:
         return self.weights + self.gradients + self.master + self.optimizer_state
 
     def per_parameter(self, n: int) -> float:
-        return self.total / n
+        """Bytes per parameter for ``n`` parameters (a whole number, 1 or more)."""
+        return self.total / _count("n", n, 1)
 
 
 def model_state_bytes(
@@ -183,7 +186,11 @@ def model_state_bytes(
 
 
 def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
-    """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks."""
+    """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks.
+
+    ``n_heads`` must divide ``d_model`` (each head gets ``d_model / n_heads`` dimensions), as in
+    ``decoder.DecoderConfig``; otherwise no such layer exists and the answer would be for nothing.
+    """
     s, b, h, a = (
         _count(name, value, 1)
         for name, value in (
@@ -193,6 +200,11 @@ def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
             ("n_heads", n_heads),
         )
     )
+    if h % a:
+        raise ValueError(
+            f"d_model ({h}) must be a multiple of n_heads ({a}): each head gets "
+            "d_model / n_heads dimensions"
+        )
     return s * b * h * 34 + 5 * a * s * s * b
 
 

@@ -68,7 +68,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -260,15 +260,21 @@ def _changed_window(
     return start, max(last, start + period_s)
 
 
-def _run(ref: weakref.ref, stop: threading.Event, schedule: _Schedule) -> None:
+def _run(
+    ref: weakref.ref,
+    stop: threading.Event,
+    schedule: _Schedule,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
     """The sampling thread. Holds the gauge only weakly, so a forgotten gauge ends its thread.
+    ``clock``: the monotonic clock the schedule runs on (a test passes a fake one).
 
     Nothing escapes it: an error in a tick is shown and sampling goes on; an error anywhere else
     (the schedule, the clock) ends the thread and is shown too. A thread must never print.
     """
     try:
         while True:
-            if stop.wait(max(0.0, schedule.next - time.monotonic())):
+            if stop.wait(max(0.0, schedule.next - clock())):
                 return
             gauge = ref()
             if gauge is None:
@@ -278,7 +284,7 @@ def _run(ref: weakref.ref, stop: threading.Event, schedule: _Schedule) -> None:
             except Exception as exc:
                 gauge._fault(exc)
             del gauge
-            schedule.advance(time.monotonic())
+            schedule.advance(clock())
     except BaseException as exc:
         gauge = ref()
         if gauge is not None:
@@ -338,9 +344,13 @@ class LiveGauge:
                 f"period_s={period_s!r} is above the maximum of {MAX_PERIOD_S:g} s (an hour): "
                 "a gauge shows memory while code runs; sample at least once an hour"
             )
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        if (
+            isinstance(max_samples, bool)
+            or not isinstance(max_samples, int)
+            or not 1 <= max_samples <= 10**9  # a billion samples: weeks at the fastest period
+        ):
             raise ValueError(
-                f"max_samples must be a whole number of at least 1, got {max_samples!r}"
+                f"max_samples must be a whole number from 1 to 10**9, got {max_samples!r}"
             )
         self.period_s = float(period_s)
         if isinstance(sources, (str, Source)):  # one source given alone: sources="torch"

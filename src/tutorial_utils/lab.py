@@ -88,6 +88,9 @@ def lab_command(
     is_root: bool | None = None,
 ) -> list[str]:
     """The exact ``jupyter lab`` command line ``make lab`` runs (the token is not in it)."""
+    if isinstance(port, bool) or not isinstance(port, int):  # 8890.0 or "8890" is a slip too
+        raise ValueError(f"port must be a whole number from 1 to 65535, not {port!r}")
+    port = parse_port(port)
     if is_root is None:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     cmd = [

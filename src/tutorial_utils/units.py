@@ -55,46 +55,71 @@ def format_bytes(nbytes: float | int | None, precision: int = 2) -> str:
     return f"{sign}{value:.{precision}f} {unit}"
 
 
+def refuse_bits(text: object, number: str, unit: str) -> None:
+    """One sentence when ``unit`` ends in a lowercase ``b``: ``'10 Gb'`` is gigabits, which no
+    memory counter counts, so it is refused rather than read as bytes (here and in
+    ``fit_inputs.parse_size``)."""
+    if not unit.endswith("b"):
+        return
+    prefix = unit[:-1].rstrip("iI").upper()
+    iec = f"{prefix}iB" if prefix else "B"
+    number = number.strip()
+    raise ValueError(
+        f"{text!r} reads as bits (a lowercase b), but memory is counted in bytes: "
+        f"write '{number} {prefix}B'"
+        + (f" (powers of 1000) or '{number} {iec}' (powers of 1024)" if prefix else "")
+    )
+
+
 def parse_bytes(text: str | int | float) -> int:
-    """``parse_bytes('1.5 GiB') == 1610612736``: a size in bytes (callers check the sign).
+    """``parse_bytes('1.5 GiB') == 1610612736``: a size in bytes, 0 or more.
 
     Reads B, KiB to PiB (powers of 1024, as :func:`format_bytes` prints), KB to PB (powers of
-    1000), and K/M/G/T/P (powers of 1024); or a plain number of bytes. A fraction of a unit is
-    rounded to the nearest byte, and so is a number (``0.3 * peak``); text that asks for a
-    fraction of a byte (``'1.5'``) is refused, not truncated.
+    1000), and K/M/G/T/P (powers of 1024); or a whole number of bytes (``3`` or ``3.0``). A
+    fraction of a unit is rounded to the nearest byte (``'1.1 KiB'``). Refused, each with one
+    sentence: a fraction of a byte (``'1.5'``, ``2.7``: round it yourself), a negative size, and
+    a lowercase ``b`` (``'10 Gb'`` is gigabits; memory is counted in bytes).
     """
     if isinstance(text, bool):
         raise ValueError(f"a size must be a number of bytes or text like '512 MiB', not {text!r}")
-    if isinstance(text, int) and abs(text) >= _TOO_LARGE:  # before float(): it may not fit one
+    # before float(): an int this large may not fit one
+    if isinstance(text, numbers.Integral) and abs(int(text)) >= _TOO_LARGE:
         raise ValueError(
             f"{text} bytes is too large a size (over {_TOO_LARGE_TEXT}); give a real size, "
             "such as '512 MiB'"
         )
-    if isinstance(text, (int, float)):
+    digits = unit = ""
+    if isinstance(text, numbers.Real):
         number, factor = float(text), 1
     elif isinstance(text, str):
         s = text.strip().replace("_", "")
         digits = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
-        unit = s[len(digits) :].strip().lower()
+        unit = s[len(digits) :].strip()
         try:
-            number, factor = float(digits), _FACTORS[unit]
+            number, factor = float(digits), _FACTORS[unit.lower()]
         except (ValueError, KeyError):
             raise ValueError(
                 f"cannot read {text!r} as a size: write it like '512 MiB', '1.5 GiB' or 1048576"
             ) from None
     else:
         raise ValueError(f"a size must be a number of bytes or text like '512 MiB', not {text!r}")
+    refuse_bits(text, digits, unit)
     if not math.isfinite(number):
         raise ValueError(f"a size must be a finite number of bytes, not {text!r}")
+    if number < 0:
+        raise ValueError(
+            f"a size cannot be negative: {text!r}; give 0 bytes or more, such as '512 MiB'"
+        )
     nbytes = number * factor
-    if not math.isfinite(nbytes) or abs(nbytes) >= _TOO_LARGE:
+    if not math.isfinite(nbytes) or nbytes >= _TOO_LARGE:
         raise ValueError(
             f"{text!r} is too large a size (over {_TOO_LARGE_TEXT}); write it in bytes, "
             "KiB, MiB, GiB, TiB or PiB, such as '512 MiB'"
         )
-    if isinstance(text, str) and factor == 1 and nbytes != int(nbytes):
+    if factor == 1 and nbytes != int(nbytes):  # '1.5', 2.7 or '2.5 B': a fraction of a byte
         raise ValueError(
-            f"{text!r} is not a whole number of bytes: give whole bytes, or a unit ('1.5 KiB')"
+            f"{text!r} is not a whole number of bytes: round it first (int(...)), "
+            "or give a unit ('1.5 KiB')"
         )
-    # A fraction of a unit ('1.1 KiB') or a computed size (0.3 * peak) is the nearest byte.
+    # A fraction of a unit ('1.1 KiB') is the nearest byte.
     return round(nbytes)
