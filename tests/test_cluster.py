@@ -175,7 +175,7 @@ def test_both_nodes_are_idle_and_on_this_machine(cluster):
     assert out == ["n1", "idle", "n2", "idle"], out
     nodes = cluster.run("scontrol", "show", "node").stdout
     assert nodes.count("NodeAddr=127.0.0.1") == 2
-    assert cluster.start_seconds < 60
+    # how long it took to start: benchmarks/cluster_times.py (start() gives up after 60 s)
 
 
 # --------------------------------------------------------------------------- the course's script
@@ -218,11 +218,14 @@ def test_a_failing_rank_fails_the_whole_job_named_and_leaves_nothing(cluster, jo
     assert len(root_cause) == 2, f"torchrun named no root cause:\n{out}"
     assert re.search(r"rank\s*: 1 \(local_rank: 0\)", root_cause[1]), out
     assert "rank 1: my shard is missing, giving up" in out
-    # the other node's torchrun (rank 0 sleeps 120 s) was stopped at once, not waited for
-    assert re.search(r"srun: error: n[12]: task [01]: Exited with exit code 1", out), out
-    run_time = job_field(cluster, job, "RunTime")
-    h, m, s = map(int, run_time.split(":"))
-    assert h * 3600 + m * 60 + s < 100, f"the job waited for rank 0's sleep: {run_time}"
+    # the other node's torchrun (rank 0 sleeps 120 s) was stopped by srun (--kill-on-bad-exit)
+    # as soon as one task failed, not waited for: srun says which task it terminated
+    failed = re.search(r"srun: error: (n[12]): task ([01]): Exited with exit code 1", out)
+    assert failed, out
+    other = {"n1": "n2", "n2": "n1"}[failed.group(1)], 1 - int(failed.group(2))
+    assert f"srun: error: {other[0]}: task {other[1]}: Terminated" in out, out
+    assert re.search(r"_step_signal: Terminating StepId=\d+\.0", out), out
+    # how long such a job runs: benchmarks/cluster_times.py
     assert_no_process_of(cluster, job)
 
 
