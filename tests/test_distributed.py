@@ -278,6 +278,7 @@ def test_command_is_one_node_static_on_loopback_with_an_explicit_port():
         ["--standalone", "--nproc-per-node=2", "x.py"],
         ["--nnodes=2", "--rdzv-backend=static", "--master-port=1234", "x.py"],
         ["--rdzv-backend=static", "--master-addr=10.0.0.1", "--master-port=1234", "x.py"],
+        ["--rdzv-backend=static", "--master-addr=127.0.0.1", "x.py"],  # torchrun: c10d then
     ],
 )
 def test_the_runner_refuses_what_it_cannot_keep_on_loopback(argv):

@@ -56,17 +56,20 @@ while the job runs can make torchrun run their code. So ``launch``:
   already bound to 127.0.0.1, and the static rendezvous's own ``TCPStore(..., multi_tenant=True)``
   on the same port then shares that server. ``launch`` does this in the process that runs
   torchrun's own ``main`` (``python -m tutorial_utils.distributed`` followed by torchrun's
-  arguments), so ``result.command``, the plain torchrun command, runs the same job but with its
-  store on every interface;
+  arguments). ``result.command`` is the plain torchrun command: typed by hand it runs the same
+  job with the same rendezvous, but its store then listens on every interface;
 * sets ``GLOO_SOCKET_IFNAME`` to the loopback interface, so the ranks' gloo sockets listen on
   127.0.0.1 even where this machine's name resolves to a network address (gloo binds there
   otherwise). On GPUs, NCCL's bootstrap opens a socket of its own on the interface NCCL picks
   (``NCCL_SOCKET_IFNAME=lo`` keeps it on loopback; not measured here, no GPU).
 
 Loopback keeps other machines out, not other users of this machine: the store is not
-authenticated. Several machines (``torchrun --nnodes=2``, the Slurm script) must listen on an
-address the other nodes reach; docs/troubleshooting.md (section 13) says what listens then, and
-what to do about it.
+authenticated (but nothing written to it is unpickled). Several machines (``torchrun
+--nnodes=2``, ``notebooks/scripts/slurm_ddp.sbatch``) cannot do this: the rendezvous node's
+store must be reached by the others, so it listens on every interface for the whole job, and
+with ``--rdzv-backend=c10d`` (the Slurm script's) torchrun's c10d rendezvous handler unpickles
+the store's state. Run them on a network you trust, with the rendezvous port firewalled from
+everything else (docs/troubleshooting.md, section 13).
 
 The torchrun command is ``result.command`` (a list, as ``subprocess`` takes it) and
 ``result.command_line`` (one string to print); ``torchrun_command`` builds the same list.
@@ -611,7 +614,8 @@ def _run_torchrun(argv: list[str]) -> None:
     from torch.distributed.run import main as torchrun
 
     args = get_args_parser().parse_args(argv)
-    if args.rdzv_backend != "static" or args.nnodes != "1" or args.master_addr != _LOOPBACK:
+    static = args.rdzv_backend == "static" and not args.standalone and args.nnodes == "1"
+    if not static or args.master_addr != _LOOPBACK or args.master_port is None:
         raise SystemExit(
             "this runs one node's static rendezvous on 127.0.0.1 only: give --nnodes=1 "
             "--rdzv-backend=static --master-addr=127.0.0.1 --master-port=PORT"
