@@ -286,6 +286,16 @@ def test_the_runner_refuses_what_it_cannot_keep_on_loopback(argv):
         distributed._run_torchrun(argv)
 
 
+def test_the_runner_refuses_a_port_taken_after_launch_checked_it():
+    """Between launch's check and torchrun's start another process may take the port: one
+    sentence at once (torchrun's own store would have bound every interface beside it)."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        cmd = distributed.torchrun_command("x.py", 2, [], port)
+        with pytest.raises(SystemExit, match=f"port {port} on 127.0.0.1 was taken just before"):
+            distributed._run_torchrun(cmd[3:])
+
+
 def test_failed_rank_is_read_from_the_root_cause_block():
     summary = """Failures:
 [1]:
