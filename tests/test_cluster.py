@@ -175,7 +175,7 @@ def test_both_nodes_are_idle_and_on_this_machine(cluster):
     assert out == ["n1", "idle", "n2", "idle"], out
     nodes = cluster.run("scontrol", "show", "node").stdout
     assert nodes.count("NodeAddr=127.0.0.1") == 2
-    assert cluster.start_seconds < 60
+    # how long it took to start: benchmarks/cluster_times.py (start() gives up after 60 s)
 
 
 # --------------------------------------------------------------------------- the course's script
@@ -218,11 +218,16 @@ def test_a_failing_rank_fails_the_whole_job_named_and_leaves_nothing(cluster, jo
     assert len(root_cause) == 2, f"torchrun named no root cause:\n{out}"
     assert re.search(r"rank\s*: 1 \(local_rank: 0\)", root_cause[1]), out
     assert "rank 1: my shard is missing, giving up" in out
-    # the other node's torchrun (rank 0 sleeps 120 s) was stopped at once, not waited for
+    # the other node's torchrun (rank 0 sleeps 120 s) was stopped, not waited for: srun
+    # terminated the step when the first task failed (--kill-on-bad-exit), and both tasks ended
+    # with an error (terminated, or exited when torchrun stopped its sleeping rank)
     assert re.search(r"srun: error: n[12]: task [01]: Exited with exit code 1", out), out
-    run_time = job_field(cluster, job, "RunTime")
-    h, m, s = map(int, run_time.split(":"))
-    assert h * 3600 + m * 60 + s < 100, f"the job waited for rank 0's sleep: {run_time}"
+    assert re.search(r"_step_signal: Terminating StepId=\d+\.0", out), out
+    ended = re.findall(
+        r"srun: error: n[12]: task ([01]): (?:Terminated|Exited with exit code [1-9])", out
+    )
+    assert sorted(ended) == ["0", "1"], out
+    # how long such a job runs: benchmarks/cluster_times.py
     assert_no_process_of(cluster, job)
 
 

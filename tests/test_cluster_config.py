@@ -300,3 +300,131 @@ def test_the_daemons_listen_on_loopback_when_the_host_name_resolves_there(
         assert f"NodeAddr={listens} " in conf and f"({listens})" in conf
     else:  # Slurm would bind the network address: it keeps every interface, reached on 127.0.0.1
         assert "CommunicationParameters" not in conf and "NodeAddr=127.0.0.1 " in conf
+
+
+# --------------------------------------------------------------------------- what others planted
+
+NOBODY = 65534  # the user `nobody` (Debian, Ubuntu, Fedora): owns nothing of ours
+
+
+def _as_nobody(path: Path) -> None:
+    """Give ``path`` to another user, as if they had made it (needs root to chown)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("planting a file as another user needs root (to chown it)")
+    os.chown(path, NOBODY, NOBODY)
+
+
+def _shared(tmp_path: Path) -> Path:
+    """A folder every user may create in, like /tmp (sticky, 1777): what --folder allows."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    return shared
+
+
+def _one_sentence(error: Exception) -> str:
+    text = str(error)
+    assert "\n" not in text, text
+    return text
+
+
+@pytest.mark.parametrize("planted", ["key and folder", "key only"])
+def test_a_munge_key_another_user_planted_is_refused(tmp_path, planted):
+    """Issue 37 item 5: user nobody makes munge-key/munge.key (0600, contents they know) in a
+    shared sticky folder before root starts the cluster there. Before: the key was kept, and
+    anyone with it can mint root's credentials. Now: refused, in one sentence, and untouched."""
+    import os
+
+    shared = _shared(tmp_path)
+    keys = shared / "munge-key"
+    keys.mkdir(mode=0o700)
+    known = b"known to nobody" * 64
+    (keys / "munge.key").write_bytes(known)
+    os.chmod(keys / "munge.key", 0o600)
+    _as_nobody(keys / "munge.key")
+    if planted == "key and folder":
+        _as_nobody(keys)
+    with pytest.raises(slurm.ClusterError) as info:
+        slurm.prepare(shared, 17000)
+    text = _one_sentence(info.value)
+    assert "belongs to user nobody (uid 65534), not to this user" in text, text
+    assert str(keys if planted == "key and folder" else keys / "munge.key") in text
+    assert (keys / "munge.key").read_bytes() == known  # refused, not adopted or overwritten
+    assert not (shared / "slurm.conf").exists(), "nothing is written after a refusal"
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777], ids=oct)
+@pytest.mark.parametrize("what", ["munge-key", "munge"])
+def test_a_key_or_socket_folder_others_can_write_is_refused(tmp_path, what, mode):
+    """The key's folder and munged's socket folder: whoever can write there can swap the key, or
+    put a socket of their own where the daemons ask munged to vouch for a user."""
+    import os
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    (folder / what).mkdir()
+    os.chmod(folder / what, mode)
+    with pytest.raises(slurm.ClusterError) as info:
+        slurm.prepare(folder, 17000)
+    text = _one_sentence(info.value)
+    assert f"{folder / what} can be written by other users (mode {mode:04o})" in text, text
+    assert os.stat(folder / what).st_mode & 0o777 == mode, "refused, not chmod'ed"
+
+
+def test_a_socket_folder_another_user_owns_is_refused(tmp_path):
+    shared = _shared(tmp_path)
+    (shared / "munge").mkdir(mode=0o755)
+    _as_nobody(shared / "munge")
+    with pytest.raises(slurm.ClusterError, match="MUNGE's socket folder .* belongs to user nobody"):
+        slurm.prepare(shared, 17000)
+
+
+@pytest.mark.parametrize("name", ["slurm.conf", "plugstack.conf", "pids"])
+def test_a_file_another_user_planted_in_a_shared_folder_is_refused(tmp_path, name):
+    """slurm.conf names programs slurmctld runs as root (Prolog=...), plugstack.conf loads
+    plugins into it: whoever owns the file can rewrite it after we wrote it."""
+    shared = _shared(tmp_path)
+    (shared / name).write_text("# theirs\n")
+    _as_nobody(shared / name)
+    with pytest.raises(slurm.ClusterError, match=f"{name} belongs to user nobody") as info:
+        slurm.prepare(shared, 17000)
+    _one_sentence(info.value)
+    assert (shared / name).read_text() == "# theirs\n"
+
+
+def test_a_cluster_folder_others_can_write_must_be_sticky_and_ours(tmp_path):
+    import os
+
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    os.chmod(open_folder, 0o777)  # others could rename munge-key away and put theirs there
+    with pytest.raises(slurm.ClusterError, match="is not sticky"):
+        slurm.prepare(open_folder, 17000)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    _as_nobody(theirs)
+    with pytest.raises(slurm.ClusterError, match="belongs to user nobody"):
+        slurm.prepare(theirs, 17000)
+
+
+def test_the_command_line_refuses_a_planted_key_in_one_sentence(tmp_path, monkeypatch, capsys):
+    """`python tools/cluster.py start --folder SHARED` as root: one line on stderr, exit 1, no
+    traceback, nothing started (the Slurm programs need not be installed for the refusal)."""
+    import os
+
+    shared = _shared(tmp_path)
+    (shared / "munge-key").mkdir(mode=0o700)
+    _as_nobody(shared / "munge-key")
+    monkeypatch.setattr(slurm, "ensure_installed", lambda *a, **k: None)
+    monkeypatch.setattr(slurm, "missing_programs", lambda: [])
+    spawned = []
+    monkeypatch.setattr(slurm, "_spawn", lambda *a, **k: spawned.append(a))
+    code = slurm.main(["start", "--folder", str(shared), "--port", str(slurm.free_base_port())])
+    err = capsys.readouterr().err
+    assert code == 1 and not spawned
+    assert err.startswith("error: the MUNGE key's folder ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and os.stat(shared / "munge-key").st_uid == NOBODY

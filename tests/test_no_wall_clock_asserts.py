@@ -28,9 +28,6 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 CLOCKS = {"perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time", "time_ns"}
-# Handled in a branch of their own while this one was written (issue 37's helpers split the
-# files): drop them from here once both branches are merged.
-ELSEWHERE = {"test_cluster.py", "test_distributed.py"}
 
 
 # What the package and its probes call a measured time: Timing's statistics, the calculator's
@@ -124,7 +121,7 @@ def wall_clock_asserts(path: Path) -> list[str]:
     return found
 
 
-TEST_FILES = sorted(p for p in TESTS.glob("*.py") if p.name not in ELSEWHERE)
+TEST_FILES = sorted(TESTS.glob("*.py"))
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: p.name)

@@ -36,11 +36,10 @@ def test_run_kills_what_the_command_started_when_time_is_up(tmp_path):
     ]
     timeout = 0.5
     while True:
-        start = time.monotonic()
+        # run() must not wait for the pipe the grandchild holds (1000 s): the test's own timeout
+        # (pyproject.toml, 300 s) stops that hang; what run() did is checked below
         with pytest.raises(subprocess.TimeoutExpired):
             processes.run(cmd, timeout_s=timeout)
-        # far less than the grandchild's 1000 s: run() did not wait for the pipe it holds
-        assert time.monotonic() - start < timeout + 60  # a hang guard (1000 s if it waited)
         assert psutil.Process().children(recursive=True) == []
         if pid_file.exists():
             break

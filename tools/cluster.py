@@ -25,7 +25,11 @@ it resolves to a network address, binding there would expose the daemons and bre
 ``NodeAddr``, so the daemons keep Slurm's default, every interface (``0.0.0.0:17000-17002``),
 and ``start`` says so. ``srun`` also listens, on ephemeral ports, for the time of a step; munged
 listens on its Unix socket only. MUNGE authenticates every message, and the key is created
-0600 in a 0700 folder (never readable by anyone else, not even for a moment).
+0600 in a 0700 folder (never readable by anyone else, not even for a moment). Whoever holds the
+key, or can answer on munged's socket, can mint root's credentials (SlurmUser is root), so a key,
+a key folder, a socket folder or any other file or folder of the cluster that this user does
+not own or that others can write is refused with one sentence: in a shared sticky folder
+(``--folder /tmp/x``) another user may have made them first.
 
 Only the standard library: this runs with any ``python3``, before or without the course's venv.
 Every external call has a timeout. ``stop`` ends only what the cluster started: its jobs through
@@ -45,6 +49,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -459,27 +464,95 @@ def _wait_idle(cluster: Cluster, timeout_s: float) -> str:
     )
 
 
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _refuse_unsafe(path: Path, what: str, st: os.stat_result | None = None) -> None:
+    """Raise ``ClusterError`` (one sentence) unless ``path`` is this user's own and no one else
+    can write it: whoever owns or can write a file the daemons read as root (the MUNGE key, its
+    socket's folder, slurm.conf) can mint root's credentials or run code as root."""
+    st = st if st is not None else path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        raise ClusterError(
+            f"{what} {path} is a symbolic link, which the cluster never makes: remove it, or "
+            "choose another --folder"
+        )
+    if st.st_uid != os.geteuid():
+        raise ClusterError(
+            f"{what} {path} belongs to {_owner(st.st_uid)}, not to this user, so it may hold what "
+            "they put there: remove it, or choose a --folder of your own"
+        )
+    if st.st_mode & 0o022:
+        raise ClusterError(
+            f"{what} {path} can be written by other users (mode {stat.S_IMODE(st.st_mode):04o}), "
+            "so it may hold what they put there: remove it, or choose a --folder of your own"
+        )
+
+
+def _own_folder(path: Path, what: str, mode: int = 0o755) -> None:
+    """``path`` created with ``mode`` (whatever the umask), or checked with ``_refuse_unsafe``
+    if it is already there."""
+    old_umask = os.umask(0o777 & ~mode)
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        _refuse_unsafe(path, what)
+        if not path.is_dir():
+            raise ClusterError(f"{what} {path} is not a folder: remove it") from None
+    finally:
+        os.umask(old_umask)
+
+
+def _write_own(path: Path, text: str) -> None:
+    """Write ``path`` (0644) if it is this user's own or new; refuse one another user made.
+
+    Checked on the opened file (``fstat``), so a file planted between a check and the write is
+    refused too; ``O_NOFOLLOW``: a planted symbolic link is never followed."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # ELOOP: a symbolic link; EISDIR: a folder
+        raise ClusterError(f"cannot write {path} ({exc.strerror}): remove it") from None
+    with os.fdopen(fd, "w") as f:
+        _refuse_unsafe(path, "the file", os.fstat(fd))
+        f.truncate()
+        f.write(text)
+
+
 def _make_key(folder: Path) -> Path:
     """The MUNGE key, created 0600 in a folder created 0700: with it anyone can mint root's
     credentials (SlurmUser=root), so it is never readable by others, not even for a moment.
-    A key or folder found with looser modes (an older version) is replaced, not chmod'ed."""
+
+    A key folder or key that another user owns, or that others can write, is refused (one
+    sentence): in a shared folder (``--folder`` on a /tmp-like folder) another user could have
+    made ``munge-key/munge.key`` first, with contents they know. A key or folder of ours that
+    others can only read (an older version made them so) is replaced, not chmod'ed."""
     keys = folder / "munge-key"
     old_umask = os.umask(0o077)
     try:
         try:
             os.mkdir(keys, 0o700)
         except FileExistsError:
-            if keys.is_symlink() or not keys.is_dir() or keys.stat().st_mode & 0o077:
-                shutil.rmtree(keys) if keys.is_dir() and not keys.is_symlink() else keys.unlink()
+            _refuse_unsafe(keys, "the MUNGE key's folder")
+            if not keys.is_dir():
+                raise ClusterError(f"{keys} is not a folder: remove it") from None
+            if keys.stat().st_mode & 0o077:  # ours, readable by others: an older version's
+                shutil.rmtree(keys)
                 os.mkdir(keys, 0o700)
         key = keys / "munge.key"
         with contextlib.suppress(FileNotFoundError):
-            if key.is_symlink() or key.stat().st_mode & 0o077:
+            _refuse_unsafe(key, "the MUNGE key")
+            if key.stat().st_mode & 0o077:
                 key.unlink()
         try:
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
-            return key  # a key of the right mode from an earlier start: keep it
+            return key  # our own key, 0600, from an earlier start: keep it
         with os.fdopen(fd, "wb") as f:
             f.write(os.urandom(1024))
     finally:
@@ -487,11 +560,34 @@ def _make_key(folder: Path) -> Path:
     return key
 
 
+def _check_top_folder(folder: Path) -> None:
+    """The cluster's folder must be ours; if others can write it, it must be sticky (like /tmp),
+    so that they cannot rename or replace what we make in it."""
+    st = folder.lstat()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ClusterError(
+            f"the cluster's folder {folder} is not a folder: choose another --folder"
+        )
+    if st.st_uid != os.geteuid():
+        raise ClusterError(
+            f"the cluster's folder {folder} belongs to {_owner(st.st_uid)}, not to this user, "
+            "who could replace what the daemons read: choose a --folder of your own"
+        )
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        raise ClusterError(
+            f"the cluster's folder {folder} can be written by other users and is not sticky (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}), so they could replace what the daemons read: "
+            "choose a --folder of your own"
+        )
+
+
 def prepare(folder: Path, port: int) -> Cluster:
     """Write the cluster's folder: the MUNGE key, slurm.conf and the daemons' folders.
 
     ``folder`` is created (0755) when missing; an existing one keeps its own mode (a /tmp-like
-    folder keeps its sticky bit). Nothing is started."""
+    folder keeps its sticky bit). Everything in it that the daemons read or write as root must
+    be this user's own and writable by no one else, or ``ClusterError`` says which (one
+    sentence). Nothing is started."""
     folder = Path(folder)
     if not folder.exists():
         old_umask = os.umask(0o022)
@@ -499,19 +595,22 @@ def prepare(folder: Path, port: int) -> Cluster:
             folder.mkdir(parents=True, mode=0o755)
         finally:
             os.umask(old_umask)
+    _check_top_folder(folder)
     _make_key(folder)
-    for sub in ("munge", "state", "run", "log", *(f"spool/{n}" for n in NODES)):
-        (folder / sub).mkdir(parents=True, exist_ok=True)
-    # The socket's folder is not secret, so that a learner who is not root can submit jobs to
-    # a cluster started with sudo: 0755 whatever the umask (it is ours: we made it).
-    os.chmod(folder / "munge", 0o755)
-    (folder / PIDS_FILE).unlink(missing_ok=True)
+    # The socket's folder: whoever could write it could put a socket of their own there and
+    # answer for munged. Not secret, so that a learner who is not root can submit jobs to a
+    # cluster started with sudo: 0755.
+    _own_folder(folder / "munge", "MUNGE's socket folder")
+    os.chmod(folder / "munge", 0o755)  # ours and written by no one else (checked): loosen only
+    for sub in ("state", "run", "log", "spool", *(f"spool/{n}" for n in NODES)):
+        _own_folder(folder / sub, "the cluster's folder")
+    _write_own(folder / PIDS_FILE, "")  # emptied: what start() spawns is appended
     hostname = socket.gethostname().split(".")[0]
     full = loopback_address(socket.gethostname())
     loopback = full if full is not None and full == loopback_address(hostname) else None
     cluster = Cluster(folder=folder, port=port, hostname=hostname, loopback=loopback)
-    cluster.conf.write_text(slurm_conf(folder, port, hostname, loopback))
-    (folder / "plugstack.conf").write_text("")  # no SPANK plugins from /etc/slurm
+    _write_own(cluster.conf, slurm_conf(folder, port, hostname, loopback))
+    _write_own(folder / "plugstack.conf", "")  # no SPANK plugins from /etc/slurm
     return cluster
 
 
@@ -563,6 +662,14 @@ def start(
             [
                 _program("munged"),
                 "--foreground",
+                # --force waives munged's own checks of the key, the socket and the folders
+                # above them. prepare() makes the same checks on the cluster's folder (ours, and
+                # written by no one else), but munged also refuses to start when a folder
+                # above its files belongs to a user other than root (munge 0.5.15: "PRNG seed
+                # dir is insecure: invalid ownership of "/home/<learner>""), which is where
+                # `sudo make cluster` runs from a learner's clone: that learner runs this as
+                # root already. A stale socket after a crash does not need --force (munged
+                # takes it over through its lock file: measured).
                 "--force",
                 f"--key-file={key}",
                 f"--socket={folder}/munge/munge.socket",

@@ -4,14 +4,15 @@ Why this exists: ``!torchrun script.py`` in a cell works until something goes wr
 that crashes leaves the other one waiting in a collective; a rank that hangs keeps the cell
 busy forever; interrupting the cell or restarting the kernel can leave worker processes behind
 (torchrun starts every worker in its own session, so killing torchrun's process group does not
-reach them); a port another job holds makes the rendezvous wait on a stranger. ``launch`` does
-the same thing as ``torchrun --standalone`` and handles those cases:
+reach them); a port another job holds makes the rendezvous wait on a stranger; and
+``torchrun --standalone`` listens on every interface with a rendezvous that unpickles what its
+store holds (below). ``launch`` runs the same job on one machine and handles those cases:
 
 * it checks its arguments first (a bad ``nproc``, ``timeout`` or port is one sentence, before
   anything starts), and refuses a folder where a file is named like a standard-library module
   (``queue.py`` next to the script would replace the real ``queue`` in every rank);
-* it picks a free port itself (``--rdzv-endpoint=127.0.0.1:PORT``, the single-node form of the
-  multi-node command) and checks it just before starting: a busy rendezvous port does not fail,
+* it picks a free port itself (``--master-addr=127.0.0.1 --master-port=PORT``, the static
+  rendezvous) and checks it just before starting: a busy rendezvous port does not fail,
   torchrun waits on whatever listens there, so the check is what keeps a busy port from hanging;
 * it streams every rank's output into the cell line by line, prefixed ``[rank0]``; a line a rank
   leaves without its newline stays that rank's (torchrun reads each rank's stdout and stderr
@@ -37,16 +38,40 @@ the same thing as ``torchrun --standalone`` and handles those cases:
   ``finally`` runs), a watchdog process (``tutorial_utils.processes``) stops the job and removes
   its temporary folder within a second or two.
 
-What listens while a job runs (measured with ``ss -ltnp``, torch 2.13): torchrun's c10d
-rendezvous store (the port ``launch`` chose) and the workers' store (``MASTER_PORT``) listen on
-**every interface**, not only 127.0.0.1, and they are not authenticated: a ``TCPStore`` server
-binds the wildcard address whatever host it is given, and only ``TCPStore(master_listen_fd=...)``
-can bind it to loopback, which torchrun's options (``--rdzv-endpoint``, ``--rdzv-conf``,
-``--local-addr``) and environment (``MASTER_ADDR``) do not reach. ``launch`` runs torchrun
-unmodified, so on a shared network use a firewall (docs/troubleshooting.md, section 13). The
-ranks' gloo sockets listen on 127.0.0.1.
+What listens while a job runs (measured with ``ss -ltnp``, torch 2.13; ``tests/test_distributed.py``
+checks it on every run): torchrun's store on ``127.0.0.1:PORT`` and each rank's gloo socket on
+127.0.0.1, nothing on any other address. ``torchrun --standalone`` (and a plain ``torchrun`` on
+one node without ``--master-port``) uses the c10d rendezvous instead, and then two stores listen
+on **every interface** for the whole job (``*:PORT``, and the workers' ``MASTER_PORT``): a
+``TCPStore`` server binds the wildcard address whatever host it is given, and the c10d
+rendezvous handler reads its state from that store with ``pickle.loads``
+(``torch/distributed/elastic/rendezvous/dynamic_rendezvous.py``), so whoever reaches the port
+while the job runs can make torchrun run their code. So ``launch``:
 
-The command it runs is ``result.command`` (a list, as ``subprocess`` takes it) and
+* uses the static rendezvous (``--rdzv-backend=static --master-addr=127.0.0.1``), which reads
+  no pickle: ranks are given, not negotiated, and the agent exchanges JSON;
+* binds that store to 127.0.0.1 itself: torchrun has no option or variable for the address
+  its store binds (``--master-addr``, ``--local-addr``, ``MASTER_ADDR`` only say where clients
+  connect), but ``TCPStore(..., multi_tenant=True, master_listen_fd=fd)`` serves a socket
+  already bound to 127.0.0.1, and the static rendezvous's own ``TCPStore(..., multi_tenant=True)``
+  on the same port then shares that server. ``launch`` does this in the process that runs
+  torchrun's own ``main`` (``python -m tutorial_utils.distributed`` followed by torchrun's
+  arguments). ``result.command`` is the plain torchrun command: typed by hand it runs the same
+  job with the same rendezvous, but its store then listens on every interface;
+* sets ``GLOO_SOCKET_IFNAME`` to the loopback interface, so the ranks' gloo sockets listen on
+  127.0.0.1 even where this machine's name resolves to a network address (gloo binds there
+  otherwise). On GPUs, NCCL's bootstrap opens a socket of its own on the interface NCCL picks
+  (``NCCL_SOCKET_IFNAME=lo`` keeps it on loopback; not measured here, no GPU).
+
+Loopback keeps other machines out, not other users of this machine: the store is not
+authenticated (but nothing written to it is unpickled). Several machines (``torchrun
+--nnodes=2``, ``notebooks/scripts/slurm_ddp.sbatch``) cannot do this: the rendezvous node's
+store must be reached by the others, so it listens on every interface for the whole job, and
+with ``--rdzv-backend=c10d`` (the Slurm script's) torchrun's c10d rendezvous handler unpickles
+the store's state. Run them on a network you trust, with the rendezvous port firewalled from
+everything else (docs/troubleshooting.md, section 13).
+
+The torchrun command is ``result.command`` (a list, as ``subprocess`` takes it) and
 ``result.command_line`` (one string to print); ``torchrun_command`` builds the same list.
 
 >>> result = launch("scripts/ddp_train.py", nproc=2, timeout=120)   # doctest: +SKIP
@@ -113,6 +138,7 @@ _PREFIX_TEMPLATE = "\x1e${rank}\x1f"
 _MARK = re.compile(r"\x1e(\d+)\x1f")
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ")  # what torch adds itself to a rank's traceback
 _LAST_LINES = 15
+_LOOPBACK = "127.0.0.1"  # where the store, and the ranks' gloo sockets, listen
 _MAX_PROCS_PER_CORE = 4  # nproc above this many per logical core is refused
 _MAX_TIMEOUT_S = (
     86_400.0  # a day: a longer wait overflows a thread's timeout, and no lesson needs it
@@ -157,7 +183,8 @@ class LaunchResult:
     rank_output: dict[int, list[str]] = field(default_factory=dict)  # rank -> its lines
     launcher_output: list[str] = field(default_factory=list)  # torchrun's own lines
     port: int = 0
-    command: list[str] = field(default_factory=list)  # exactly what ran
+    # the torchrun command (run by torchrun's own main, its store bound to 127.0.0.1 first)
+    command: list[str] = field(default_factory=list)
     launcher_pid: int | None = None  # the launcher process (on Linux the supervisor of torchrun)
     report_errors: dict[int, str] = field(default_factory=dict)  # rank -> why its file was bad
     dropped_lines: dict[int, int] = field(default_factory=dict)  # rank -> lines not kept
@@ -171,7 +198,7 @@ class LaunchResult:
 
     @property
     def command_line(self) -> str:
-        """The command that ran, as one line a shell accepts (``shlex.join``)."""
+        """The torchrun command, as one line a shell accepts (``shlex.join``)."""
         return shlex.join(self.command)
 
     def __repr__(self) -> str:  # no timing or port: it must print the same on every run
@@ -222,18 +249,18 @@ def torchrun_command(
     port: int = 29500,
     log_dir: str | os.PathLike | None = None,
 ) -> list[str]:
-    """The command ``launch`` runs: ``--standalone`` spelled out with an explicit port.
+    """The torchrun command of ``launch``: one node, the static rendezvous on ``127.0.0.1:port``.
 
-    ``--standalone`` ignores any ``--rdzv-endpoint``, so to choose the port we give the c10d
-    rendezvous ourselves; for one node this is exactly what ``--standalone`` does. ``launch``
-    passes a ``log_dir`` in its temporary folder (torchrun keeps each rank's output there).
-    The same arguments give the same list, so a notebook can print it:
+    Not ``--standalone``: that picks the c10d rendezvous, which unpickles what its store holds,
+    and its store listens on every interface (see the top of this module). ``launch`` passes a
+    ``log_dir`` in its temporary folder (torchrun keeps each rank's output there). The same
+    arguments give the same list, so a notebook can print it:
 
     >>> cmd = torchrun_command("scripts/ddp_train.py", 2, ["--epochs", "3"])
     >>> for part in (cmd[1:6], cmd[6:10], cmd[10:]):
     ...     print(" ".join(part))
-    -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d
-    --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=notebook-29500 --max-restarts=0 --tee=3
+    -m torch.distributed.run --nnodes=1 --nproc-per-node=2 --rdzv-backend=static
+    --master-addr=127.0.0.1 --master-port=29500 --max-restarts=0 --tee=3
     scripts/ddp_train.py --epochs 3
     """
     script = _script_path(script)
@@ -248,11 +275,9 @@ def torchrun_command(
         "torch.distributed.run",
         "--nnodes=1",
         f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        # The port is checked free before a launch, so no other job can share this id's store;
-        # a fixed id keeps the printed command the same from one run to the next.
-        f"--rdzv-id=notebook-{port}",
+        "--rdzv-backend=static",  # given ranks: nothing is unpickled (c10d's state is a pickle)
+        f"--master-addr={_LOOPBACK}",
+        f"--master-port={port}",  # without a port, one node would switch to c10d
         "--max-restarts=0",
         "--tee=3",
     ]
@@ -554,6 +579,73 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+# --------------------------------------------------------------------------- torchrun on loopback
+
+
+def _loopback_interface() -> str | None:
+    """The name of the interface that holds 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    with contextlib.suppress(OSError):
+        for name, addresses in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address == _LOOPBACK for a in addresses):
+                return name
+    return None
+
+
+def _runner(cmd: list[str]) -> list[str]:
+    """What ``launch`` starts for the torchrun command ``cmd``: torchrun's own ``main`` with the
+    same arguments, in a process that first binds the store to 127.0.0.1 (``_run_torchrun``)."""
+    return [sys.executable, "-m", "tutorial_utils.distributed", *cmd[3:]]
+
+
+def _run_torchrun(argv: list[str]) -> None:
+    """torchrun (``torch.distributed.run.main(argv)``) with its static store on 127.0.0.1 only.
+
+    A ``TCPStore`` server binds every interface, unless it is handed a socket already bound
+    (``master_listen_fd``). With ``multi_tenant=True`` every ``TCPStore`` of this process on the
+    same port shares one server, so the static rendezvous's own store, created inside
+    torchrun with ``multi_tenant=True``, reuses the one made here (checked by
+    ``tests/test_distributed.py``, which lists what listens during a launch).
+    """
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import main as torchrun
+
+    args = get_args_parser().parse_args(argv)
+    static = args.rdzv_backend == "static" and not args.standalone and args.nnodes == "1"
+    if not static or args.master_addr != _LOOPBACK or args.master_port is None:
+        raise SystemExit(
+            "this runs one node's static rendezvous on 127.0.0.1 only: give --nnodes=1 "
+            "--rdzv-backend=static --master-addr=127.0.0.1 --master-port=PORT"
+        )
+    port = args.master_port
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore itself does
+        sock.bind((_LOOPBACK, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(
+            f"port {port} on {_LOOPBACK} was taken just before torchrun started ({exc.strerror}): "
+            "launch again, with port=None to pick a free one"
+        ) from None
+    store = TCPStore(
+        _LOOPBACK,
+        port,
+        is_master=True,
+        timeout=timedelta(seconds=60),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=sock.detach(),  # the server owns the socket from here on
+    )
+    try:
+        torchrun(argv)
+    finally:
+        del store
+
+
 # --------------------------------------------------------------------------- launch
 
 
@@ -617,6 +709,9 @@ def _run_job(
         child_env = dict(os.environ)
         mark = uuid.uuid4().hex
         watchdog.stop_marked(mark, _MARK_ENV)
+        loopback = _loopback_interface()
+        if loopback is not None:  # gloo listens on the address the host name resolves to else
+            child_env["GLOO_SOCKET_IFNAME"] = loopback
         child_env.update(
             {
                 _MARK_ENV: mark,
@@ -635,7 +730,7 @@ def _run_job(
         proc = subprocess.Popen(
             # Linux: torchrun gets SIGTERM if this thread dies, and runs under a subreaper that
             # stops and reaps whatever the job leaves behind before it exits
-            contained(cmd, grace_s=_ORPHAN_GRACE_S),
+            contained(_runner(cmd), grace_s=_ORPHAN_GRACE_S),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,  # its own pipe: a rank's stdout and stderr lines never mix
             stdin=subprocess.DEVNULL,
@@ -780,3 +875,7 @@ def _run_job(
     if echo is not None:
         echo(f"launched {nproc} ranks: exit status 0, finished in {result.wall_seconds:.2f} s wall")
     return result
+
+
+if __name__ == "__main__":  # what launch starts: torchrun, its store bound to 127.0.0.1
+    _run_torchrun(sys.argv[1:])
