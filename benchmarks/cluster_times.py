@@ -1,7 +1,7 @@
 """How long the course's two-node Slurm cluster takes to start, stop, and end a failed job.
 
-    sudo .venv/bin/python benchmarks/cluster_times.py            # 3 runs of each, about 2 min
-    sudo .venv/bin/python benchmarks/cluster_times.py --runs 5
+    sudo .venv/bin/python benchmarks/cluster_times.py            # 5 runs of each, about 4 min
+    sudo .venv/bin/python benchmarks/cluster_times.py --runs 9
 
 What ``tests/test_cluster.py`` no longer times (a test checks what the code does, not how
 fast): ``tools/cluster.py start`` until both nodes are idle (``start()`` itself gives up after
@@ -57,7 +57,7 @@ def failed_job(up: slurm.Cluster, folder: Path) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each (default 5)")
     runs = parser.parse_args().runs
     if os.geteuid() != 0:
         sys.exit("the cluster's daemons run as root: run this as root")

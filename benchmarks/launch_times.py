@@ -1,7 +1,7 @@
 """How long ``tutorial_utils.distributed.launch`` takes to run, to stop a hung job, and to refuse.
 
-    .venv/bin/python benchmarks/launch_times.py            # 3 runs of each, about 1.5 min
-    .venv/bin/python benchmarks/launch_times.py --runs 5
+    .venv/bin/python benchmarks/launch_times.py            # 5 runs of each, about 2.5 min
+    .venv/bin/python benchmarks/launch_times.py --runs 9
 
 What ``tests/test_distributed.py`` no longer times (a test checks what the code does, not how
 fast): the wall time of a two-rank gloo job that only joins and leaves; for a job whose rank 1
@@ -41,7 +41,7 @@ dist.barrier()
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each (default 5)")
     parser.add_argument("--timeout", type=float, default=10.0, help="the hung job's timeout")
     args = parser.parse_args()
     walls, stops, refusals = [], [], []
