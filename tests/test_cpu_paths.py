@@ -41,6 +41,25 @@ def test_the_table_gives_each_tolerance_its_bound_worst_value_and_margin():
     assert "| h | 1.0e+00 | - | 0.0e+00 | exact |" in markdown
 
 
+def test_batches_run_apart_combine_into_one_table_path_by_path(tmp_path, capsys):
+    def result(path, name, gap, code=0):
+        return {"path": path, "env": {}, "capability": "?", "summary": f"{name} passed",
+                "seconds": 1.5, "returncode": code, "output": "",
+                "records": [{"name": name, "gap": gap, "tol": 1e-4}]}  # fmt: skip
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"results": [result("x", "g", 1e-7), result("y", "g", 2e-7)]}))
+    second.write_text(json.dumps({"results": [result("x", "h", 1e-6), result("y", "h", 0, 1)]}))
+    joined = {r["path"]: r for r in cpu_paths.combine([first, second])}
+    assert [r["name"] for r in joined["x"]["records"]] == ["g", "h"]
+    assert joined["x"]["seconds"] == 3.0 and joined["x"]["summary"] == "g passed; h passed"
+    assert joined["x"]["returncode"] == 0 and joined["y"]["returncode"] == 1  # a failure stays
+    assert cpu_paths.main(["--combine", str(first), str(second)]) == 1  # y failed in batch 2
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="is not a --json file"):
+        cpu_paths.combine([tmp_path / "bad.json"])
+
+
 def test_an_unknown_path_is_one_sentence(capsys):
     with pytest.raises(SystemExit):
         cpu_paths.main(["--paths", "AVX-1024"])

@@ -247,7 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every result here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--list", action="store_true", help="say what would run; run nothing")
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: join the results that earlier --json runs wrote (notebooks run in "
+        "batches) into one table, path by path",
+    )
     args = parser.parse_args(argv)
+    if args.combine:
+        return _report(combine(args.combine), args, argv)
     unknown = [p for p in args.paths if p not in PATHS]
     if unknown:
         parser.error(f"unknown path {unknown[0]!r}: choose from {', '.join(PATHS)}")
@@ -266,6 +276,29 @@ def main(argv: list[str] | None = None) -> int:
         if result["returncode"]:
             print(result["output"])
         results.append(result)
+    return _report(results, args, argv)
+
+
+def combine(files: list[Path]) -> list[dict]:
+    """The results of several ``--json`` runs as one run: per path, records and seconds added."""
+    joined: dict[str, dict] = {}
+    for file in files:
+        try:
+            results = json.loads(file.read_text())["results"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"{file} is not a --json file of this tool ({e})") from None
+        for r in results:
+            into = joined.setdefault(r["path"], {**r, "records": [], "seconds": 0.0, "summary": ""})
+            into["records"] += r["records"]
+            into["seconds"] = round(into["seconds"] + r["seconds"], 1)
+            into["returncode"] = into["returncode"] or r["returncode"]
+            into["output"] = into.get("output", "") + r.get("output", "")
+            into["summary"] = "; ".join(x for x in (into["summary"], r["summary"]) if x)
+    return list(joined.values())
+
+
+def _report(results: list[dict], args: argparse.Namespace, argv: list[str] | None) -> int:
+    """Print and write the tables; 1 when a path failed or a margin is under MARGIN."""
     rows, markdown = table(results)
     print(markdown)
     if args.json:
