@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -170,14 +171,55 @@ def _buffers_ignore_persistent(monkeypatch):
     return {"nn": torch.nn, "other": torch.device("meta")}
 
 
+def _told_by_static(rank: int) -> dict:
+    """What torch 2.13's static rendezvous on 127.0.0.1:41234 tells rank ``rank`` (measured)."""
+    return {
+        **{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"},
+        **{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "41234", "TORCHELASTIC_RUN_ID": "none"},
+    }
+
+
+def _told_by_standalone(rank: int) -> dict:
+    """What ``torchrun --standalone`` (c10d) told rank ``rank`` (measured): another store's port,
+    the host's name, a fresh run id."""
+    run_id = "9b67c89f-93f8-4332-af90-3c542b882b2d"
+    return {
+        **_told_by_static(rank),
+        **{"MASTER_ADDR": "localhost", "MASTER_PORT": "38859", "TORCHELASTIC_RUN_ID": run_id},
+    }
+
+
+def _launch_of_07(told=_told_by_static, command=None):
+    """07's first launch: the command launch ran, and what each rank read from its environment
+    (``told(rank)``) and reported."""
+    from tutorial_utils.distributed import torchrun_command
+
+    args = ["--epochs", "3"]
+    cmd = command or torchrun_command("scripts/ddp_train.py", 2, args, 41234, "/tmp/x/logs")
+    reports = {rank: {"torchrun_env": told(rank)} for rank in (0, 1)}
+    ddp = types.SimpleNamespace(command=cmd, command_line=" ".join(cmd), reports=reports)
+    return {"launch": lambda *a, **k: ddp, "sys": sys}
+
+
 def _launch_built_a_wrong_command():
     wrong = ["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "scripts/ddp_train.py"]
-    return {
-        "ddp": types.SimpleNamespace(command=wrong),
-        "port": 12345,
-        "sys": sys,
-        "torchrun_command": lambda *a, **k: wrong,  # what the old cell compared with
-    }
+    return {**_launch_of_07(command=wrong), "torchrun_command": lambda *a, **k: wrong}
+
+
+def _torchrun_ran_standalone():
+    """The command says static on 127.0.0.1:41234; the ranks were told what c10d tells them."""
+    return _launch_of_07(told=_told_by_standalone)
+
+
+def _a_rank_told_another_world():
+    return _launch_of_07(told=lambda rank: {**_told_by_static(rank), "WORLD_SIZE": "1"})
+
+
+COMMAND_07 = ("without_logs = [", "get_args_parser().parse_args(ddp.command")
+
+
+def test_notebook_07s_command_check_passes_what_torchrun_tells_the_ranks():
+    _run("07", COMMAND_07, _launch_of_07())
 
 
 def _replicas_were_detached():
@@ -212,10 +254,9 @@ def _step_far_from_its_prediction():
         "buckets": 1,
     }
     return {
-        "timing": types.SimpleNamespace(reports={0: report}),
-        "flops": 1e11,
-        "machine": "x",
-        "dev": "cpu",
+        "seen": types.SimpleNamespace(reports={0: {"step_time": report}}),  # section 4's launch
+        "devices": types.SimpleNamespace(has_gpu=lambda n=1: False),  # the CPU branch asserts
+        "os": os,
     }
 
 
@@ -618,11 +659,9 @@ MUTATIONS = {
         ("persistent=False buffers are not saved",),
         _buffers_ignore_persistent,
     ),
-    "07 launch's command is wrong": (
-        "07",
-        ("without_logs = [", "get_args_parser().parse_args(ddp.command"),
-        _launch_built_a_wrong_command,
-    ),
+    "07 launch's command is wrong": ("07", COMMAND_07, _launch_built_a_wrong_command),
+    "07 torchrun ran another rendezvous": ("07", COMMAND_07, _torchrun_ran_standalone),
+    "07 a rank was told another world": ("07", COMMAND_07, _a_rank_told_another_world),
     "07 DataParallel's copies are detached": (
         "07",
         ("no gradient reached the model",),

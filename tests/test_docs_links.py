@@ -1,7 +1,9 @@
-"""Every relative link in README.md, CONTRIBUTING.md and docs/*.md reaches a file, and a heading."""
+"""Every relative link in README.md, CONTRIBUTING.md, docs/*.md and the notebooks' markdown cells
+reaches a file, and a heading."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES += sorted((ROOT / "notebooks").glob("*.ipynb"))
 LINK_RE = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -32,9 +35,18 @@ def test_github_slug():
     )
 
 
+def _text(page: Path) -> str:
+    """A page's markdown: the file, or a notebook's markdown cells."""
+    text = page.read_text(encoding="utf-8")
+    if page.suffix != ".ipynb":
+        return text
+    cells = json.loads(text)["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page):
-    text = page.read_text(encoding="utf-8")
+    text = _text(page)
     for target in LINK_RE.findall(text):
         if re.match(r"[a-z]+:", target):  # http(s):, mailto: ...
             continue

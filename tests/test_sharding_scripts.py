@@ -186,7 +186,8 @@ def test_mesh_2d_refuses_a_world_that_is_not_four():
 def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
     import json
 
-    result = launch(SCRIPTS / "ddp_seen.py", 2, ["--trace-dir", str(tmp_path)], 300, echo=None)
+    args = ["--trace-dir", str(tmp_path), "--time-step"]  # as notebook 07 launches it
+    result = launch(SCRIPTS / "ddp_seen.py", 2, args, 300, echo=None)
     for rank, rep in result.reports.items():
         events = json.loads((tmp_path / f"rank{rank}.json").read_text())["traceEvents"]
         main = next(e["tid"] for e in events if e.get("name") == "DistributedDataParallel.forward")
@@ -203,6 +204,9 @@ def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
         for name in ("find_unused_parameters=True", "static_graph=True"):
             assert u[name]["steps"] == 3 and u[name]["first_grad_gap"] < 1e-6, name
             assert u[name]["unused_parameter_size"] == 1088, name
+        timed = rep["step_time"]  # ddp_step_time.measure(), which 07 §5 reads
+        assert timed["params"] == 4 * (1024 * 1024 + 1024) and timed["buckets"] == 1
+        assert (timed["world"], timed["repeats"], timed["message_bytes"]) == (2, 11, 32 * 2**20)
 
 
 @pytest.mark.slow

@@ -42,6 +42,25 @@ def setup() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
 
 
+def torchrun_env() -> dict[str, str | None]:
+    """What torchrun told this process: who it is, and where the ranks met.
+
+    With the static rendezvous (a one-node ``torchrun --master-port=PORT``, and ``launch``) the
+    ranks meet at ``--master-addr``:``--master-port`` and the run's id is ``--rdzv-id``
+    ("none" by default); ``--standalone`` (the c10d rendezvous) gives them a second store's
+    port and a fresh id. Notebook 07 compares these with the command that ran.
+    """
+    names = (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+    )
+    return {name: os.environ.get(name) for name in names}
+
+
 def teardown() -> NoReturn:
     """Leave cleanly: wait for every rank, destroy the group, then end this process at once.
 

@@ -1,6 +1,7 @@
 """Three things every DDP training loop needs, in one launch (each rank reports what it saw).
 
-    torchrun --standalone --nproc-per-node=2 ddp_practice.py --checkpoint ckpt.pt
+    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
+        ddp_practice.py --checkpoint ckpt.pt
 
 1. Gradient accumulation with ``no_sync()``: the first micro-batches of a step skip the
    all-reduce, the last one reduces everything accumulated. A communication hook counts the
@@ -19,7 +20,16 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from common import log, relative_gap, report, setup, sum_bound, teardown, within
+from common import (
+    log,
+    relative_gap,
+    report,
+    setup,
+    sum_bound,
+    teardown,
+    torchrun_env,
+    within,
+)
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -164,6 +174,7 @@ def main() -> None:
             "accumulation": acc,
             "orders": sampler_orders(rank, world),
             "checkpoint": ckpt,
+            "torchrun_env": torchrun_env(),  # where the ranks met: the port typed, or another
         }
     )
     teardown()

@@ -1,6 +1,7 @@
 """DDP, seen from the inside: the all-reduces during backward, bucket views, unused parameters.
 
-    torchrun --standalone --nproc-per-node=2 ddp_seen.py --trace-dir DIR
+    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
+        ddp_seen.py --trace-dir DIR
 
 1. One training step of a 6-layer MLP under ``torch.profiler``, exported per rank with
    ``export_chrome_trace`` to DIR/rank<R>.json (the notebook reads it back and draws it). DDP
@@ -24,6 +25,10 @@
    runs on GPUs only; on CPU ranks the same statistics are computed by hand with
    ``all_reduce`` (what SyncBatchNorm does inside), and the refusal is reported.
 
+With ``--time-step`` the same processes then run ``ddp_step_time.py``'s measurement, last, and
+report it as ``step_time``: notebook 07 reads its sections 4 and 5 from one launch, one start of
+torch instead of two.
+
 The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
 are enough GPUs, gloo on the CPU otherwise.
 """
@@ -36,6 +41,7 @@ import os
 import warnings
 from pathlib import Path
 
+import ddp_step_time
 import torch
 import torch.distributed as dist
 from common import (
@@ -257,6 +263,11 @@ def main() -> None:
     parser.add_argument(
         "--trace-dir", type=Path, required=True, help="where each rank's trace goes"
     )
+    parser.add_argument(
+        "--time-step",
+        action="store_true",
+        help="then run ddp_step_time.py's measurement in these processes",
+    )
     args = parser.parse_args()
     rank, world, device = setup()
     g = torch.Generator().manual_seed(1)
@@ -273,6 +284,8 @@ def main() -> None:
         "buffers": buffers(rank, device),
         "sync_batchnorm": sync_batchnorm(rank, world, device),
     }
+    if args.time_step:  # last, with every model above gone: notebook 07 §5 reads it
+        out["step_time"] = ddp_step_time.measure(rank, world, device)
     report(out)
     teardown()
 

@@ -1,6 +1,7 @@
 """From bytes to time: gloo's all-reduce bandwidth, and a DDP step with and without its all-reduce.
 
-    torchrun --standalone --nproc-per-node=2 ddp_step_time.py
+    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
+        ddp_step_time.py
 
 Every rank measures, with a barrier before each timed call so the ranks start together:
 1. the all-reduce of a fixed 32 MiB fp32 tensor (not the model's size: the notebook predicts the
@@ -76,16 +77,22 @@ def step_seconds(device: torch.device, rank: int) -> dict:
     }
 
 
-def main() -> None:
-    rank, world, device = setup()
-    result = {
+def measure(rank: int, world: int, device: torch.device) -> dict:
+    """Both measurements on this rank (every rank calls it: the all-reduces are collective)."""
+    return {
         "world": world,
         "rows_per_rank": ROWS,
         "message_bytes": MESSAGE_BYTES,
         "allreduce_s": allreduce_seconds(device),
         **step_seconds(device, rank),
         "threads": torch.get_num_threads(),
+        "repeats": REPEATS,
     }
+
+
+def main() -> None:
+    rank, world, device = setup()
+    result = measure(rank, world, device)
     log(
         f"{world} ranks, {result['threads']} thread(s) each: all-reduce of 32 MiB "
         f"{result['allreduce_s'] * 1e3:.1f} ms; DDP step {result['sync'] * 1e3:.1f} ms, "

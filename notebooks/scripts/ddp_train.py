@@ -1,6 +1,7 @@
 """Train a small regression model with DistributedDataParallel (DDP).
 
-    torchrun --standalone --nproc-per-node=2 ddp_train.py --epochs 3
+    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
+        ddp_train.py --epochs 3
 
 Each process holds a full copy of the model and sees a different shard of every batch
 (DistributedSampler). backward() averages the gradients over all processes (all-reduce), so
@@ -20,7 +21,7 @@ import signal
 
 import torch
 import torch.distributed as dist
-from common import log, report, setup, teardown
+from common import log, report, setup, teardown, torchrun_env
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -129,6 +130,7 @@ def main() -> None:
             "world": world,
             "backend": str(torch.distributed.get_backend()),
             "node": os.environ.get("SLURMD_NODENAME"),  # the Slurm node this rank ran on
+            "torchrun_env": torchrun_env(),  # RANK, WORLD_SIZE, MASTER_ADDR... as torchrun set them
             "start_epoch": start,
             "epochs_done": done,
             "saved_checkpoint": saved,
