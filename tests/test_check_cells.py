@@ -22,6 +22,7 @@ every mutation below passes through the old cells without an assert firing.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import os
@@ -129,6 +130,57 @@ def test_the_rule_flags_a_silent_skip():
         'if caps.cuda:\n    assert x\nelif devices.has_gpu(1):\n    pass\nelse:\n    print("no")\n'
     )
     assert silent_skips(quiet_elif)
+
+
+# ------------------------------------------------------------------- asserts on text alone
+#: where an assert reads text, not behaviour: a docstring, a function's source or signature
+TEXT = re.compile(r"__doc__|getsource|inspect\.signature")
+#: issue 38 §3; 05 c15 and 07 c10 still assert on docstrings and source, and join when fixed
+TEXT_CHECKED = ("00", "01", "02", "03", "04", "11")
+
+
+def text_asserts(source: str) -> list[str]:
+    """Asserts in ``source`` that read only text (a docstring, a function's source or
+    signature, or names assigned from one): they pass whatever the code they quote does."""
+    tree = ast.parse(_python(source))
+    texts = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and TEXT.search(ast.unparse(node.value))
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)}
+            if TEXT.search(ast.unparse(node.test)) or (names and names <= texts):
+                found.append(f"line {node.lineno}: assert {ast.unparse(node.test)[:70]}")
+    return found
+
+
+@pytest.mark.parametrize("prefix", TEXT_CHECKED)
+def test_no_check_reads_only_text(prefix):
+    found = [
+        f"{_notebook(prefix).name}, cell starting {src.splitlines()[0][:50]!r}: {problem}"
+        for src in _code_cells(prefix)
+        for problem in text_asserts(src)
+    ]
+    assert not found, "check what the text claims, or print it as a quote:\n" + "\n".join(found)
+
+
+def test_the_rule_flags_an_assert_on_a_docstring():
+    old_00_c16 = (
+        'empty_cache_doc = " ".join(torch.cuda.empty_cache.__doc__.split())\n'
+        'assert "Release all unoccupied cached memory" in empty_cache_doc, "the quote"\n'
+    )
+    old_05_c15 = (
+        "assert amp_choice(**facts) == (caps.amp_dtype, caps.grad_scaler)\n"
+        "assert inspect.signature(torch.cuda.is_bf16_supported).parameters['x'].default\n"
+    )
+    assert len(text_asserts(old_00_c16)) == 1 and len(text_asserts(old_05_c15)) == 1
+    quoted = 'doc = " ".join(torch.cuda.set_device.__doc__.split())\nprint(doc)\n'
+    assert not text_asserts(quoted + "assert torch.zeros(1).device.type == 'cpu'\n")
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -442,44 +494,206 @@ def _gputil_without_nvidia_smi(monkeypatch):
     return {"os": __import__("os"), "start_here": start_here}
 
 
-def _cuda_counters_that_see_cpu_tensors(monkeypatch):
+def _cuda_counters_that_see_cpu_tensors(monkeypatch, mutate=True):
+    """00's CPU block on a machine with CUDA (its counters answer, as on a GPU): with
+    ``mutate``, the peak counter also counts the block's 8 MiB of CPU tensors."""
     from tutorial_utils import memory
     from tutorial_utils.units import format_bytes
 
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: 8 * 2**20)
-    return {"memory": memory, "format_bytes": format_bytes, "MiB": 2**20, "caps": _cpu()}
+    for name in ("reset_peak_memory_stats", "mem_get_info", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: 0)
+    peak = 8 * 2**20 if mutate else 0
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a, **k: peak)
+    caps = devices.Capabilities.machine("a100")
+    return {"memory": memory, "format_bytes": format_bytes, "MiB": 2**20, "caps": caps}
+
+
+def _cuda_that_answers_without_cuda(monkeypatch):
+    """A CPU machine where torch.cuda's counters answer instead of raising."""
+    world = _cuda_counters_that_see_cpu_tensors(monkeypatch, mutate=False)
+    return {**world, "caps": _cpu()}
 
 
 def _a_peak_counter_that_missed_the_spike():
     spike = types.SimpleNamespace(peak_bytes=0, start_bytes=0)
-    return {"spike": spike, "seen": 0, "MiB": 2**20}
+    return {"spike": spike, "seen": 0, "ticks": [0, 0, 0], "MiB": 2**20, "recorded": _NOTHING}
 
 
-def _a_course_with_two_notebooks_05(monkeypatch):
-    """The course before the renumbering: 05 and 05a both printed as "05"."""
-    from tutorial_utils import course
+_NOTHING = types.SimpleNamespace(show=lambda *a, **k: None)  # recorded.show: no GPU run here
+SPIKE_CELL = ("torch_source = gauge.sources[0]",)  # 00's gauge cell, which takes the ticks
 
-    def nb(filename):
-        return course.Notebook(filename, filename, 1, "CPU")
 
-    old = (nb("04_model_parallelism.ipynb"), nb("05_out_of_memory.ipynb"), nb("05a_where.ipynb"))
-    monkeypatch.setattr(course, "NOTEBOOKS", old)
-    monkeypatch.setattr(course, "TRACKS", ("one device",))
-    monkeypatch.syspath_prepend(str(NOTEBOOKS / "scripts"))  # the cell imports start_here
-    return {}
+def _spike_ticks(monkeypatch, mutate=True):
+    """00's spike cell run for real, the gauge's torch source read by hand (the gauge itself a
+    stand-in that only opens and closes that source, and no sleeping). With ``mutate``, the
+    source reads the running peak instead of what is alive: a poller that never misses."""
+    import time
+
+    from tutorial_utils import gauges, memory, monitor
+
+    class OneSource:  # LiveGauge's shape, as the cell uses it
+        def __init__(self, period_s):
+            self.sources, self.samples = [monitor.TorchSource()], []
+
+        def __enter__(self):
+            self.sources[0].open()
+            return self
+
+        def __exit__(self, *exc):
+            self.sources[0].close()
+
+    if mutate:
+        real = monitor.TorchSource.read
+
+        def read_the_peak(self):
+            return [dataclasses.replace(r, used_bytes=r.peak_bytes) for r in real(self)]
+
+        monkeypatch.setattr(monitor.TorchSource, "read", read_the_peak)
+    monkeypatch.setattr(gauges, "LiveGauge", OneSource)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    namespace = {"devices": devices, "memory": memory, "MiB": 2**20, "recorded": _NOTHING}
+    _run("00", SPIKE_CELL, namespace)
+    return namespace
+
+
+class _OnceTimer:
+    """``benchmark.Timer`` that runs its statement once and reports 1 ms: 01's timing loop
+    without the timing (its checks are on what the statements did, not on their times)."""
+
+    def __init__(self, stmt, globals):
+        self.stmt, self.globals = stmt, globals
+
+    def timeit(self, number):
+        exec(self.stmt, dict(self.globals))
+        return types.SimpleNamespace(median=1e-3)
+
+
+def _moving(monkeypatch, to=None, copy_=None):
+    """01's move cell, with ``Tensor.to`` / ``Tensor.copy_`` replaced where given."""
+    import statistics
+
+    if to is not None:
+        monkeypatch.setattr(torch.Tensor, "to", to)
+    if copy_ is not None:
+        monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    benchmark = types.SimpleNamespace(Timer=_OnceTimer)
+    return {"run_on": torch.device("cpu"), "benchmark": benchmark, "statistics": statistics}
 
 
 def _a_move_that_copies_nothing(monkeypatch):
     """``.to(copy=True)`` and ``copy_`` that hand back their tensor without moving a byte."""
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, *a, **k: self)
-    import datetime
-    import statistics
+    return _moving(monkeypatch, to=lambda self, *a, **k: self, copy_=lambda self, *a, **k: self)
 
-    from torch.utils import benchmark
 
-    names = {"datetime": datetime, "benchmark": benchmark, "statistics": statistics}
-    return {"run_on": torch.device("cpu"), **names}  # what 01 imported in earlier cells
+def _a_no_op_that_copies(monkeypatch):
+    """``x.to(x.device)``, with nothing to do, copies anyway."""
+    real = torch.Tensor.to
+    return _moving(monkeypatch, to=lambda self, *a, **k: real(self, *a, **{**k, "copy": True}))
+
+
+def _a_copy_into_dst_that_writes_nothing(monkeypatch):
+    return _moving(monkeypatch, copy_=lambda self, *a, **k: self)
+
+
+def _the_playbook_counting_positions(monkeypatch, mutate=True):
+    """03's count of GPT-2 against the Playbook; with ``mutate``, a Playbook formula that
+    counts the position table too (1024 x 768). Only GPT-2 is built (on meta)."""
+    from tutorial_utils import decoder, formulas
+    from tutorial_utils.decoder import Decoder
+
+    monkeypatch.setattr(decoder, "PRESETS", {"gpt2-124m": decoder.PRESETS["gpt2-124m"]})
+    if mutate:
+        real = formulas.playbook_parameters
+        monkeypatch.setattr(
+            formulas, "playbook_parameters", lambda h, v, n: real(h, v, n) + 1024 * h
+        )
+    return {"Decoder": Decoder, "formulas": formulas}
+
+
+def _a_decoder_that_keeps_its_position_table(monkeypatch):
+    """``Decoder(gpt2, max_positions=0)`` built with the table anyway: the count the Playbook's
+    is held to is no longer GPT-2 without it (the old check, formula minus formula, passed)."""
+    from tutorial_utils.decoder import Decoder
+
+    world = _the_playbook_counting_positions(monkeypatch, mutate=False)
+    return {**world, "Decoder": lambda cfg, **fields: Decoder(cfg)}
+
+
+def _an_adamw_that_keeps_one_moment(monkeypatch):
+    """PyTorch's AdamW keeping one buffer per parameter (SGD's momentum), the calculator
+    unchanged: only a real step sees it (the old check, 16 x n, passed)."""
+    world = _a_calculator_without_adams_second_moment(monkeypatch, mutate=False)
+    monkeypatch.setattr(torch.optim, "AdamW", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    return world
+
+
+def _a_calculator_without_adams_second_moment(monkeypatch, mutate=True):
+    """03's calculator check; with ``mutate``, the calculator books AdamW's state as one
+    moment (4 bytes per parameter) instead of two."""
+    from tutorial_utils import fit, formulas, memory
+    from tutorial_utils.decoder import Decoder, DecoderConfig
+
+    if mutate:
+        monkeypatch.setitem(formulas.OPTIMIZER_STATE_BYTES, "adamw", 4)
+    return {"fit": fit, "memory": memory, "Decoder": Decoder, "DecoderConfig": DecoderConfig}
+
+
+def _dropout(monkeypatch, forward=None):
+    """04's no_grad cell on its own model and batch; ``forward`` replaces nn.Dropout's."""
+    from torch.nn import functional as F
+
+    from tutorial_utils import memory, models
+    from tutorial_utils.units import format_bytes
+
+    class Dropout(torch.nn.Dropout):
+        def forward(self, x):
+            return forward(self, x) if forward else F.dropout(x, self.p, self.training)
+
+    return {
+        "nn": types.SimpleNamespace(Dropout=Dropout),
+        "fix_model": models.MLP(d_in=128, d_hidden=256, d_out=10, depth=8),
+        "xb": models.mlp_batch(2048, 128),
+        **{"memory": memory, "format_bytes": format_bytes, "device": torch.device("cpu")},
+    }
+
+
+def _dropout_at_a_third(monkeypatch):
+    """A dropout that says p = 0.5 and zeroes 35 %: the old bound (> 0.3) let it through."""
+    from torch.nn import functional as F
+
+    return _dropout(monkeypatch, lambda self, x: F.dropout(x, 0.35, self.training))
+
+
+def _dropout_that_ignores_eval(monkeypatch):
+    from torch.nn import functional as F
+
+    return _dropout(monkeypatch, lambda self, x: F.dropout(x, self.p, True))
+
+
+def _capstone_state(monkeypatch, optimizer=None, budget=None):
+    """11's model and budget; ``optimizer`` replaces torch.optim.Adam, ``budget`` BUDGET."""
+    from tutorial_utils import memory
+    from tutorial_utils.units import format_bytes
+
+    ranks, grader = _script("capstone_ranks"), _script("capstone_grader")
+    if optimizer is not None:
+        monkeypatch.setattr(torch.optim, "Adam", optimizer)
+    names = ("BLOCKS", "GLOBAL_BATCH", "WIDTH", "build_model")
+    return {
+        **{name: getattr(ranks, name) for name in names},
+        "PSI": grader.PSI,
+        "BUDGET": grader.BUDGET if budget is None else budget,
+        **{"memory": memory, "format_bytes": format_bytes},
+    }
+
+
+def _adam_with_one_moment(monkeypatch):
+    """An optimizer that keeps one buffer per parameter (SGD's momentum): 12 PSI in all."""
+    return _capstone_state(monkeypatch, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+
+
+def _a_budget_one_replica_fits(monkeypatch):
+    return _capstone_state(monkeypatch, budget=64 * 2**20)
 
 
 def _notebook_03_block() -> dict:
@@ -585,7 +799,14 @@ def _oom_lab(message: str | None):
     }
 
 
-#: case: (notebook, lines that find the check cell, the world in which its claim is false)
+MOVE_CELL = ("moving 64 MiB costs time", "fresh = x.to(run_on, copy=True)")
+PLAYBOOK_CHECK = ("the Playbook counts GPT-2 less its position table",)
+CALCULATOR_CHECK = ("the calculator's states are a real step's",)
+DROPOUT_CHECK = ("dropout = nn.Dropout(p=0.5)",)
+CAPSTONE_STATE = ("print(build_model()[0])",)
+
+#: case: (notebook, lines that find the check cell, the world in which its claim is false, and
+#: optionally a pattern of the assert message that must fail: the claim's own, not another's)
 MUTATIONS = {
     "00 GPUtil starts no nvidia-smi": (
         "00",
@@ -596,21 +817,76 @@ MUTATIONS = {
         "00",
         ("def cpu_block():", "CUDA's counters skip CPU tensors"),
         _cuda_counters_that_see_cpu_tensors,
+        "CUDA's counters skip CPU tensors",
+    ),
+    "00 torch.cuda answers without CUDA": (
+        "00",
+        ("CUDA's counters skip CPU tensors",),
+        _cuda_that_answers_without_cuda,
+        "without CUDA these raise",
     ),
     "00 the peak counter misses the spike": (
         "00",
         ("the peak counter caught the spike",),
         _a_peak_counter_that_missed_the_spike,
+        "the peak counter caught the spike",
     ),
-    "00 two notebooks numbered 05": (
+    "00 a tick reads the peak, not the instant": (
         "00",
-        ("two notebooks share a number",),
-        _a_course_with_two_notebooks_05,
+        ("the peak counter caught the spike",),
+        _spike_ticks,
+        "a tick reads what is alive at its instant",
     ),
     "01 a move that copies nothing": (
         "01",
-        ("moving 64 MiB costs time",),
+        MOVE_CELL,
         _a_move_that_copies_nothing,
+        "no-op: x itself; copy: new memory",
+    ),
+    "01 a no-op .to() that copies": (
+        "01",
+        MOVE_CELL,
+        _a_no_op_that_copies,
+        "no-op: x itself; copy: new memory",
+    ),
+    "01 copy_ writes nothing into dst": (
+        "01",
+        MOVE_CELL,
+        _a_copy_into_dst_that_writes_nothing,
+        "each copy holds x's 64 MiB",
+    ),
+    "03 the Playbook counts GPT-2's position table": (
+        "03",
+        PLAYBOOK_CHECK,
+        _the_playbook_counting_positions,
+        "the Playbook counts GPT-2 less its position table",
+    ),
+    "03 the calculator keeps one Adam moment": (
+        "03",
+        CALCULATOR_CHECK,
+        _a_calculator_without_adams_second_moment,
+        "the calculator's states are a real step's",
+    ),
+    "03 GPT-2 without positions keeps the table": (
+        "03",
+        PLAYBOOK_CHECK,
+        _a_decoder_that_keeps_its_position_table,
+        "the Playbook counts GPT-2 less its position table",
+    ),
+    "03 a real AdamW step keeps one moment": (
+        "03",
+        CALCULATOR_CHECK,
+        _an_adamw_that_keeps_one_moment,
+        "the calculator's states are a real step's",
+    ),
+    "04 dropout zeroes 35 % at p = 0.5": ("04", DROPOUT_CHECK, _dropout_at_a_third, "p zeroed"),
+    "04 dropout ignores eval()": ("04", DROPOUT_CHECK, _dropout_that_ignores_eval, "p zeroed"),
+    "11 Adam keeps one moment": ("11", CAPSTONE_STATE, _adam_with_one_moment, "does not fit"),
+    "11 one replica fits the budget": (
+        "11",
+        CAPSTONE_STATE,
+        _a_budget_one_replica_fits,
+        "does not fit",
     ),
     "00 doctor names the wrong reason": (
         "00",
@@ -719,10 +995,38 @@ MUTATIONS = {
 
 @pytest.mark.parametrize("case", sorted(MUTATIONS))
 def test_the_check_fails_when_its_claim_is_false(case, monkeypatch):
-    prefix, markers, world = MUTATIONS[case]
+    prefix, markers, world, *message = MUTATIONS[case]
     if world.__name__ in LEAKY:
         assert _in_child(prefix, markers, world, mutated=True) == 3, "the check did not fail"
         return
     namespace = world(monkeypatch) if world.__code__.co_argcount else world()
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=re.escape(message[0]) if message else None):
         _run(prefix, markers, namespace)
+
+
+#: issue 38's worlds with the claim true: the same cells pass in them, so each mutation above
+#: fails on the claim it breaks, not on a world that does not hold together
+CONTROLS = {
+    "00 CUDA's counters see CPU tensors": _cuda_counters_that_see_cpu_tensors,
+    "00 a tick reads the peak, not the instant": _spike_ticks,
+    "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
+    "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONTROLS))
+def test_the_check_passes_in_the_world_where_its_claim_holds(case, monkeypatch):
+    prefix, markers, *_ = MUTATIONS[case]
+    _run(prefix, markers, CONTROLS[case](monkeypatch, mutate=False))
+
+
+@pytest.mark.parametrize(
+    "prefix, markers, world",
+    [
+        ("01", MOVE_CELL, lambda mp: _moving(mp)),
+        ("04", DROPOUT_CHECK, lambda mp: _dropout(mp)),
+        ("11", CAPSTONE_STATE, lambda mp: _capstone_state(mp)),
+    ],
+)
+def test_the_unmutated_worlds_pass_too(prefix, markers, world, monkeypatch):
+    _run(prefix, markers, world(monkeypatch))

@@ -30,6 +30,20 @@ def test_course_lists_exactly_the_notebooks_present():
     assert [n.filename for n in course.NOTEBOOKS] == [p.name for p in NOTEBOOKS]
 
 
+def shared_numbers(filenames: list[str]) -> list[str]:
+    """The two-digit numbers that more than one notebook starts with."""
+    numbers = [name[:2] for name in filenames]
+    return sorted({n for n in numbers if numbers.count(n) > 1})
+
+
+def test_no_two_notebooks_share_a_number():
+    """Notebook 00 asserted this in front of the learner (issue 38 §3: a check of the course's
+    own list, which no learner's machine can fail); it is the course's test now."""
+    assert not shared_numbers([nb.filename for nb in course.NOTEBOOKS])
+    before_the_renumbering = ["04_model_parallelism.ipynb", "05_out_of_memory.ipynb", "05a_w.ipynb"]
+    assert shared_numbers(before_the_renumbering) == ["05"]
+
+
 def test_readme_lists_every_notebook_with_its_time():
     readme = (ROOT / "README.md").read_text()
     for nb in course.NOTEBOOKS:

@@ -531,7 +531,7 @@ def test_the_ddp_checker_passes_a_correct_answer_whose_rank_crashed_at_exit(tmp_
             "    dist.destroy_process_group()\n"
         )
     fb = check_ddp_script(tmp_path / "ddp_exercise_solution.py", _reference_params(), timeout=180)
-    assert fb.passed, str(fb)
+    assert fb.passed, fb.report()
 
 
 # ------------------------------------------------------------------ folders and arguments

@@ -58,13 +58,48 @@ def test_explain_shows_everything_at_once():
     assert "double(3) is 5, not 6" in repr(fb) and "Fix: return x * 2" in repr(fb)
 
 
-def test_str_and_assert_passed_always_list_every_problem():
+def test_print_shows_what_the_display_shows_a_hint_first(capsys):
+    """Issue 38 §4: ``print(feedback)`` used ``__str__``, the whole report, so it gave the fix
+    on the first attempt while the notebook's display gave a hint. The two agree now."""
+    fb = check_double(lambda x: x + 2)
+    print(fb)
+    printed = capsys.readouterr().out
+    assert printed == repr(fb) + "\n" == str(fb) + "\n"
+    assert "Hint: what does multiplying" in printed and "the value is wrong" in printed
+    assert "return x * 2" not in printed and "double(3) is 5" not in printed
+    second = check_double(lambda x: x + 2)  # asking again: printed as displayed, fix and all
+    assert str(second) == repr(second) and "Fix: return x * 2" in str(second)
+
+
+def test_explain_makes_print_show_everything(capsys):
+    fb = check_double(lambda x: x + 2)
+    print(fb.explain())
+    printed = capsys.readouterr().out
+    assert "double(3) is 5, not 6" in printed and "5 is odd" in printed
+    assert "Fix: return x * 2" in printed
+
+
+def test_report_is_the_whole_report_when_asked_for():
     fb = check_double(lambda x: x + 2)
     assert not fb.detailed
-    assert "double(3) is 5, not 6" in str(fb) and "5 is odd" in str(fb)
+    full = fb.report()
+    assert "double(3) is 5, not 6" in full and "5 is odd" in full and "Fix: return x * 2" in full
+    assert not fb.detailed, "reading the report does not change what the notebook shows"
+
+
+def test_assert_passed_lists_every_problem_and_the_fix_only_when_asked():
+    fb = check_double(lambda x: x + 2)
     with pytest.raises(ExerciseNotPassed) as err:
         fb.assert_passed()
-    assert "double(3) is 5, not 6" in str(err.value) and "5 is odd" in str(err.value)
+    first = str(err.value)
+    assert "double(3) is 5, not 6" in first and "5 is odd" in first, "every problem, in detail"
+    assert "return x * 2" not in first and ".explain()" in first, "a first attempt: no fix"
+    with pytest.raises(ExerciseNotPassed) as err:
+        fb.explain().assert_passed()
+    assert "Fix: return x * 2" in str(err.value)
+    with pytest.raises(ExerciseNotPassed) as err:
+        check_double(lambda x: x + 2).assert_passed()  # a second attempt shows the fix too
+    assert "Fix: return x * 2" in str(err.value)
 
 
 def test_attempts_are_counted_per_exercise_and_reset():
@@ -127,7 +162,7 @@ def test_a_learner_value_with_a_broken_repr_is_described_safely():
             raise RuntimeError("no")
 
     fb = start.check_tensor_bytes(Hostile())
-    assert "a Hostile" in str(fb)
+    assert "a Hostile" in fb.report()
 
 
 # --- issue 25: an untouched exercise cell is not an attempt --------------------------------

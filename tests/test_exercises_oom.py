@@ -39,10 +39,10 @@ def test_training_state_bytes_right_answer_passes() -> None:
 def test_training_state_bytes_names_the_missing_part() -> None:
     model = models.MLP(d_in=300, d_hidden=700, d_out=5, depth=3)
     n = _n(model)
-    assert "Adam" in str(ex.check_training_state_bytes(model, 8 * n))
-    assert "two tensors" in str(ex.check_training_state_bytes(model, 12 * n))
-    assert "only the parameters" in str(ex.check_training_state_bytes(model, 4 * n))
-    assert "number of weights" in str(ex.check_training_state_bytes(model, n))
+    assert "Adam" in ex.check_training_state_bytes(model, 8 * n).report()
+    assert "two tensors" in ex.check_training_state_bytes(model, 12 * n).report()
+    assert "only the parameters" in ex.check_training_state_bytes(model, 4 * n).report()
+    assert "number of weights" in ex.check_training_state_bytes(model, n).report()
     assert not ex.check_training_state_bytes(model, 0).passed
     assert not ex.check_training_state_bytes(model, 12345).passed
 
@@ -110,7 +110,7 @@ def test_evaluate_that_raises_is_reported() -> None:
         raise ValueError("boom")
 
     fb = ex.check_evaluate(broken)
-    assert not fb.passed and "boom" in str(fb)
+    assert not fb.passed and "boom" in fb.report()
 
 
 def test_evaluate_that_holds_every_graph_until_one_item_fails() -> None:
@@ -124,7 +124,7 @@ def test_evaluate_that_holds_every_graph_until_one_item_fails() -> None:
         return total.item() / len(batches)
 
     fb = ex.check_evaluate(item_once)
-    assert not fb.passed and "1,187,344 bytes above the start" in str(fb), str(fb)
+    assert not fb.passed and "1,187,344 bytes above the start" in fb.report(), fb.report()
 
 
 def test_training_state_bytes_placeholder_zero_is_not_an_attempt() -> None:

@@ -27,8 +27,8 @@ LLAMA_LIKE = DecoderConfig(
 def test_parameter_count_right_and_wrong():
     truth = formulas.decoder_parameters(LLAMA_LIKE)
     ex.check_parameter_count(LLAMA_LIKE, truth).assert_passed()
-    assert "output head" in str(ex.check_parameter_count(LLAMA_LIKE, truth - 500 * 64))
-    assert "third matrix" in str(ex.check_parameter_count(LLAMA_LIKE, truth - 2 * 64 * 160))
+    assert "output head" in ex.check_parameter_count(LLAMA_LIKE, truth - 500 * 64).report()
+    assert "third matrix" in ex.check_parameter_count(LLAMA_LIKE, truth - 2 * 64 * 160).report()
     assert not ex.check_parameter_count(LLAMA_LIKE, truth + 1).passed
     assert not ex.check_parameter_count(LLAMA_LIKE, 0).answered
 
@@ -37,8 +37,8 @@ def test_activation_bytes_right_and_wrong():
     cfg = DecoderConfig(d_model=48, n_heads=6)
     truth = formulas.block_activation_bytes(cfg, 3, 20)
     ex.check_activation_bytes(cfg, 3, 20, truth).assert_passed()
-    assert "4 bytes per element" in str(ex.check_activation_bytes(cfg, 3, 20, truth // 2))
-    assert "elements, not bytes" in str(ex.check_activation_bytes(cfg, 3, 20, truth // 4))
+    assert "4 bytes per element" in ex.check_activation_bytes(cfg, 3, 20, truth // 2).report()
+    assert "elements, not bytes" in ex.check_activation_bytes(cfg, 3, 20, truth // 4).report()
 
 
 def test_saved_bytes_counter_catches_double_counted_views():

@@ -82,7 +82,7 @@ def test_zero_bytes_placeholder_is_not_an_attempt():
 
 def test_zero_bytes_reports_what_the_function_raised():
     fb = check_zero_bytes(lambda stage, psi, n, k: {}[stage])
-    assert not fb.passed and "KeyError" in str(fb)
+    assert not fb.passed and "KeyError" in fb.report()
 
 
 MEGATRON = {
@@ -163,7 +163,7 @@ def test_batch_for_as_shipped_is_not_an_attempt_and_names_no_bug():
         fb = check_batch_for(buggy)
         assert not fb.passed and not fb.answered and fb.attempt == 0, repr(fb)
         assert repr(fb).startswith("Not answered yet") and "starting code" in repr(fb)
-        assert "different data" not in repr(fb) and "Fix:" not in str(fb)
+        assert "different data" not in repr(fb) and "Fix:" not in fb.report()
 
     def commented(x, dp, tp, dp_size, tp_size):  # a comment changes nothing
         rows = len(x) // tp_size  # hmm
@@ -192,7 +192,7 @@ def test_batch_for_fails_when_the_learner_changes_the_batch():
         return fixed(x, dp, tp, dp_size, tp_size)
 
     fb = check_batch_for(mutates)
-    assert not fb.passed and "changed" in str(fb)
+    assert not fb.passed and "changed" in fb.report()
 
 
 # --- properties: random wrong answers never pass (as tests/test_exercises_properties.py does) ----
@@ -219,7 +219,7 @@ garbage = st.one_of(
 
 def rejected(fb: Feedback) -> bool:
     assert isinstance(fb, Feedback) and not fb.passed and fb.problems
-    repr(fb), fb._repr_html_(), str(fb)
+    repr(fb), fb._repr_html_(), fb.report()
     return True
 
 

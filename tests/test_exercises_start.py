@@ -8,9 +8,9 @@ from tutorial_utils.exercises import ExerciseNotPassed, reset_attempts, start
 def test_tensor_bytes():
     assert start.check_tensor_bytes(1000 * 3 * 224 * 224 * 2).passed
     wrong = start.check_tensor_bytes(1000 * 3 * 224 * 224)
-    assert not wrong and "2 bytes" in str(wrong)
-    assert "float32" in str(start.check_tensor_bytes(1000 * 3 * 224 * 224 * 4))
-    assert "whole number" in str(start.check_tensor_bytes(2.5))
+    assert not wrong and "2 bytes" in wrong.report()
+    assert "float32" in start.check_tensor_bytes(1000 * 3 * 224 * 224 * 4).report()
+    assert "whole number" in start.check_tensor_bytes(2.5).report()
     untouched = start.check_tensor_bytes(...)  # the exercise cell as shipped: not an answer yet
     assert not untouched and not untouched.answered and "Not answered yet" in str(untouched)
     with pytest.raises(ExerciseNotPassed, match="Not yet"):
@@ -31,9 +31,11 @@ def _measured(field):
 def test_matmul_peak():
     assert start.check_matmul_peak(_measured(lambda m: m.peak_bytes - m.start_bytes)).passed
     assert start.check_matmul_peak(_measured(lambda m: m.peak_above_start_bytes)).passed
-    assert "only the output" in str(start.check_matmul_peak(lambda: 512 * 128 * 4))
-    assert "only the inputs" in str(start.check_matmul_peak(lambda: 512 * 256 * 4 + 256 * 128 * 4))
-    assert "alive before" in str(start.check_matmul_peak(_measured(lambda m: m.peak_bytes)))
+    assert "only the output" in start.check_matmul_peak(lambda: 512 * 128 * 4).report()
+    assert (
+        "only the inputs" in start.check_matmul_peak(lambda: 512 * 256 * 4 + 256 * 128 * 4).report()
+    )
+    assert "alive before" in start.check_matmul_peak(_measured(lambda m: m.peak_bytes)).report()
     assert not start.check_matmul_peak(lambda: True)
     html = start.check_matmul_peak(lambda: 1)._repr_html_()
     assert "Not yet" in html
@@ -70,7 +72,7 @@ def test_a_matmul_peak_that_keeps_state_is_told_so():
         return 917504 * len(calls)
 
     fb = start.check_matmul_peak(matmul_peak)
-    assert not fb and "then" in str(fb) and "different number each time" in fb.briefs[0]
+    assert not fb and "then" in fb.report() and "different number each time" in fb.briefs[0]
 
 
 @pytest.mark.parametrize(

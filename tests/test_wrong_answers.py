@@ -1639,12 +1639,12 @@ def test_a_doubled_learning_rate_is_refused_before_launching(monkeypatch):
 
     monkeypatch.setattr(parallel, "launch", no_launch)
     fb = _ddp_script(set_epoch=True, divide=True, lr="0.2")
-    assert not fb.passed and "the learning rate was changed" in fb.briefs[0], str(fb)
+    assert not fb.passed and "the learning rate was changed" in fb.briefs[0], fb.report()
 
 
 def test_a_foreign_verdict_is_reported_as_the_answers_doing():
     fb = sharding.check_zero_bytes(_zero_stops_the_check)
-    assert "_Stop" in str(fb) and fb.title.startswith("zero_bytes(stage"), str(fb)
+    assert "_Stop" in fb.report() and fb.title.startswith("zero_bytes(stage"), fb.report()
 
 
 # --- hints that match the mistake ------------------------------------------------------------

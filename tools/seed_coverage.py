@@ -59,8 +59,8 @@ ROWS: tuple[Row, ...] = (
     Row(5, "a.to(0)", "correct, with a caveat", "fully", "01", "code", r"\.to\(0\)",
         "an int is an index on the current accelerator; the CPU-only error is shown"),
     Row(6, "cuda() defaults to GPU 0", "misleading", "fully", "01", "code",
-        r"Defaults to the current CUDA device",
-        "the current device, checked from the docstring on a CPU, run on 2 GPUs"),
+        r"torch\.cuda\.device\(1\)",
+        "the current device: checked on 2 GPUs; on a CPU, the docstring quoted"),
     Row(7, "Module.to needs no assignment", "correct for Modules only", "fully", "01", "code",
         r"optimizer", "Module.to is in place; build the optimizer after it"),
     Row(8, "torch.get_device() tells the GPU", "misleading", "fully", "02", "code",
@@ -105,7 +105,8 @@ ROWS: tuple[Row, ...] = (
     Row(24, "total_loss += loss builds a graph", "correct", "fully", "04", "code",
         r"\.item\(\)|detach\(\)", "the graph grows; detach() on the device, .item() per log"),
     Row(25, "empty_cache() fixes an OOM", "wrong", "fully", "00", "code", r"empty_cache",
-        "empty_cache frees no live tensor (its docstring, checked); expandable_segments in 05"),
+        "empty_cache frees no live tensor (checked on a GPU, its docstring quoted); "
+        "expandable_segments in 04"),
     Row(26, "the GPUtil + empty_cache demo", "misleading", "fully", "00", "code",
         r"allocator_vs_nvml", "allocated, reserved and NVML's used after allocate, free and "
         "empty_cache (GPU); on a CPU the recorded run, or a published CUDA-context figure"),

@@ -20,9 +20,12 @@ Hints before fixes
 A first wrong answer gets a hint, not the full fix. The first failed attempt of an exercise
 shows what is wrong *in general terms* (the ``brief`` of the first problem found) and the
 hints. Asking again shows every problem in detail, and the fixes: a second failed attempt of
-the same exercise in the same kernel, or ``feedback.explain()`` (``print(feedback)`` and
-``str(feedback)`` also give the whole report). ``assert_passed()`` always lists every problem.
-``reset_attempts()`` forgets the attempts (a fresh start, and test isolation).
+the same exercise in the same kernel, or ``feedback.explain()``. ``print(feedback)`` and
+``str(feedback)`` show what the notebook displays, so they hint first too; ``report()`` is the
+whole report, fixes included, for code that asks for it. ``assert_passed()`` always lists every
+problem in detail, and the fixes only once the learner asked again (a learner who calls it on a
+first attempt gets the problems, not the answer). ``reset_attempts()`` forgets the attempts (a
+fresh start, and test isolation).
 
 An untouched exercise cell is not an attempt. A checker names the arguments that hold the
 learner's answer (``@checker(answers=("answer",))``); when one of them is still a placeholder
@@ -128,6 +131,7 @@ __all__ = ["ExerciseNotPassed", "Feedback", "checker", "reset_attempts"]
 F = TypeVar("F", bound=Callable[..., "Feedback"])
 
 _ASK_AGAIN = "Run the check again, or call .explain(), to see every problem in detail."
+_ASK_FOR_THE_FIX = "Run the check again, or call .explain(), to see the fix."
 
 
 class ExerciseNotPassed(AssertionError):
@@ -311,16 +315,20 @@ class Feedback:
         return self
 
     def assert_passed(self) -> Feedback:
-        """Raise ``ExerciseNotPassed`` listing every problem (solution cells call this)."""
+        """Raise ``ExerciseNotPassed`` listing every problem in detail (solution cells call
+        this); the fixes only once the learner asked again, as the notebook shows them."""
         if not self.passed:
-            raise ExerciseNotPassed(self.report())
+            raise ExerciseNotPassed(self._text(detailed=True, fixes=self.detailed))
         return self
 
     def report(self) -> str:
-        """The whole report: every problem in detail, the hints and the fixes."""
+        """The whole report, asked for: every problem in detail, the hints and the fixes."""
         return self._text(detailed=True)
 
-    def _text(self, detailed: bool) -> str:
+    def _text(self, detailed: bool, fixes: bool | None = None) -> str:
+        """The report as text: every problem in detail when ``detailed`` (else the first one's
+        brief), and the fixes when ``fixes`` (by default, when ``detailed``)."""
+        fixes = detailed if fixes is None else fixes
         if self.passed:
             return f"Passed: {self.title}."
         if not self.answered:
@@ -332,7 +340,10 @@ class Feedback:
         if detailed:
             lines += [f"  - {p}" for p in self.problems]
             lines += [f"  Hint: {h}" for h in self.hints]
-            lines += [f"  Fix: {f}" for f in self.fixes]
+            if fixes:
+                lines += [f"  Fix: {f}" for f in self.fixes]
+            elif self.fixes:
+                lines.append(f"  {_ASK_FOR_THE_FIX}")
         else:
             more = len(self.problems) - 1
             extra = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
@@ -341,11 +352,11 @@ class Feedback:
             lines.append(f"  {_ASK_AGAIN}")
         return "\n".join(lines)
 
-    def __str__(self) -> str:
-        return self.report()
-
     def __repr__(self) -> str:
         return self._text(self.detailed)
+
+    # print(feedback) shows what the notebook displays: a hint first, never the fix unasked
+    __str__ = __repr__
 
     def _repr_html_(self) -> str:
         title = html.escape(self.title)
