@@ -10,6 +10,16 @@ PIP    := $(BIN)/python -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# The tests run in two workers (-n 2): each worker, and every kernel and process it starts, gets
+# half the machine's cores as OpenMP threads (1 on 2 cores), unless OMP_NUM_THREADS is set.
+# More threads than free cores make OpenMP's threads spin-wait for each other: beside other work
+# on 2 cores, strict nbval on notebook 04 took 24 s of CPU with torch's default 2 threads per
+# kernel and 11 s with 1. make test-all and make unit (the slow tests too, among them
+# tests/test_cpu_paths.py) keep torch's default thread count, so that count stays under test.
+TEST_THREADS = $(shell $(PYTHON) -c "import os; print(max(1, (os.cpu_count() or 2) // 2))")
+TEST_ENV = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)}
+
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
 .PHONY: lab test test-all quick unit nbval lint format execute gpu-check gpu-wheels torch-check lock clean browser-deps bench cluster cluster-stop cluster-status cpu-paths site site-serve
@@ -34,7 +44,7 @@ lab: $(STAMP)
 # those parts.
 test: $(STAMP)
 	$(MAKE) lint
-	$(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard" -n 2 --dist loadfile --durations=12
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard" -n 2 --dist loadfile --durations=12
 
 test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
@@ -70,13 +80,13 @@ browser-deps:
 # import torch, Jupyter kernels and servers, the profiler, the browser, repo2docker). Unit tests
 # need no nbval: -p no:nbval saves each worker the seconds nbformat's schema checks take to import.
 quick: $(STAMP)
-	$(BIN)/python -m pytest tests -m "not slow" -q -n 2 --dist loadfile -p no:nbval
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow" -q -n 2 --dist loadfile -p no:nbval
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile -p no:nbval
 
 nbval: $(STAMP)
-	$(BIN)/python -m pytest notebooks $(NBVAL_ARGS) -n 2 --dist loadfile --durations=20
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks $(NBVAL_ARGS) -n 2 --dist loadfile --durations=20
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -18,19 +19,30 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
-from hypothesis import settings as _hypothesis_settings
 
 GiB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
 
-# Hypothesis runs derandomized and without an example database: the same test gives the same
-# result on every run and every machine (a failure found once is not replayed from .hypothesis/
-# on one machine only). HYPOTHESIS_PROFILE=explore searches with fresh random examples instead,
-# for a maintainer looking for new failures by hand.
-_hypothesis_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-_hypothesis_settings.register_profile("explore", derandomize=False, database=None)
-_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# torch and hypothesis are imported where they are used, not here: with ``-n 2`` the process that
+# hands out the tests (xdist's controller) imports this file before it starts the workers, runs
+# no test, and would spend 2 s of CPU importing them first.
+
+
+def pytest_configure(config):
+    """Hypothesis runs derandomized and without an example database: the same test gives the
+    same result on every run and every machine (a failure found once is not replayed from
+    .hypothesis/ on one machine only). HYPOTHESIS_PROFILE=explore searches with fresh random
+    examples instead, for a maintainer looking for new failures by hand.
+
+    Loaded before any test file is imported (its ``settings(...)`` objects take their defaults
+    from the profile then), in every process that runs tests: not in xdist's controller."""
+    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.register_profile("explore", derandomize=False, database=None)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def load_file(path: Path, name: str | None = None) -> types.ModuleType:
@@ -49,10 +61,29 @@ def load_file(path: Path, name: str | None = None) -> types.ModuleType:
     return module
 
 
+@pytest.fixture(scope="module", autouse=True)
+def frozen_before_each_file():
+    """Before each test file, move every object that exists (torch's modules, what earlier files
+    imported and left: about 350k) to the collector's permanent generation.
+
+    ``memory.measure``, ``budget`` and the graders start by booking the tensors that exist: one
+    ``gc.get_referrers`` pass over every object the collector tracks, 40-70 ms in a test process,
+    which ``make quick`` paid about 350 times. That pass does not visit the permanent
+    generation, so after the freeze it sees only what this file's tests and fixtures make (made
+    later, and found as in a notebook). A tensor an earlier file leaked is frozen too, and no
+    longer counts against this file's budgets. Frozen objects are never freed, as modules are
+    not anyway; unreachable ones are collected first.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """Every test's tensors are tiny: one intra-op thread runs them fastest, above all with two
     test workers sharing two cores (no thread contention). Set once, for the whole session."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -62,6 +93,8 @@ def one_thread():
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """Pretend torch is a CUDA build that sees ``fake_cuda.count`` GPUs (2 by default)."""
+    import torch
+
     state = types.SimpleNamespace(count=2, total=16 * GiB, free=10 * GiB)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
@@ -113,6 +146,8 @@ class FakeAllocator:
         elif isinstance(device, int):
             i = device
         else:
+            import torch
+
             device = torch.device(device)
             i = self.current if device.index is None else device.index
         if not 0 <= i < self.machine.count:
@@ -126,6 +161,8 @@ class FakeAllocator:
         self.reserved[i] = max(self.reserved.get(i, 0), self.allocated[i])
 
     def install(self, monkeypatch) -> FakeAllocator:
+        import torch
+
         cuda = torch.cuda
 
         def synchronize(device=None):
@@ -177,6 +214,8 @@ def fake_allocator(fake_cuda, monkeypatch) -> FakeAllocator:
 def cuda_build_without_driver(monkeypatch):
     """A CUDA build of torch on a machine with no NVIDIA driver: is_available() warns and says
     False."""
+    import torch
+
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
 
@@ -331,6 +370,8 @@ def hanging_nvidia_smi(tmp_path, monkeypatch):
 def move_ref(batch, device):
     """The reference answer to notebook 01's move-a-batch exercise: every tensor inside nested
     dicts, lists and tuples moved to ``device``, everything else kept as it is."""
+    import torch
+
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, dict):

@@ -741,12 +741,13 @@ FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
 OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 
 
-@pytest.mark.parametrize(
-    "world, markers", [(_fused_step_with_hooks, FUSED_CHECK), (_offloading, OFFLOAD_CHECK)]
-)
-def test_03_checks_pass_in_the_real_world(world, markers):
+REAL_WORLDS = {"_fused_step_with_hooks": FUSED_CHECK, "_offloading": OFFLOAD_CHECK}
+
+
+@pytest.mark.parametrize("world", sorted(REAL_WORLDS))
+def test_03_checks_pass_in_the_real_world(world, in_child):
     """The control for the two 03 mutations below: unmutated, the same cells pass."""
-    assert _in_child("03", markers, world, mutated=False) == 0
+    assert in_child[("real", world)] == 0
 
 
 #: Worlds whose cells leave tensors alive after their names are gone (03 section 7's hooks keep
@@ -755,29 +756,64 @@ def test_03_checks_pass_in_the_real_world(world, markers):
 #: a GPU's are).
 LEAKY = frozenset({"_fused_step_with_hooks", "_autocast_that_does_nothing"})
 
+#: The child's code: each case in a process forked from it, a fresh copy of a process that has
+#: imported torch, this file and torch._dynamo once (the first optimizer a process builds
+#: imports torch._dynamo, 2 s of CPU), so no case sees what another left. Exit status per case:
+#: 0 if the check passed, 3 if it raised AssertionError, 1 (with a traceback) if anything else.
+_CHILD = """
+import json, os, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import pytest, test_check_cells as t
+import torch._dynamo
+statuses = {}
+for key, (prefix, markers, world, mutated) in json.loads(sys.argv[2]).items():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        status = 0
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                world = getattr(t, world)
+                ns = world(mp) if mutated and world.__code__.co_argcount else world()
+                try:
+                    t._run(prefix, tuple(markers), ns)
+                except AssertionError:
+                    status = 3
+        except BaseException:
+            print(f"{key}:", file=sys.stderr)
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    statuses[key] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(statuses))
+"""
 
-def _in_child(prefix: str, markers: tuple[str, ...], world, mutated: bool) -> int:
-    """Run ``world`` and the cell in a child: 0 if the check passed, 3 if it raised
-    AssertionError (anything else fails the test with the child's stderr)."""
-    code = "\n".join(
-        [
-            "import sys",
-            f"sys.path.insert(0, {str(Path(__file__).parent)!r})",
-            "import pytest, test_check_cells as t",
-            "with pytest.MonkeyPatch.context() as mp:",
-            f"    world = t.{world.__name__}",
-            f"    ns = world(mp) if {mutated} and world.__code__.co_argcount else world()",
-            "    try:",
-            f"        t._run({prefix!r}, {markers!r}, ns)",
-            "    except AssertionError:",
-            "        sys.exit(3)",
-        ]
-    )
+
+@pytest.fixture(scope="module")
+def in_child() -> dict[tuple[str, str], int]:
+    """The exit status of every case that runs outside this process, keyed ("real", world) for
+    the controls and ("mutated", case) for the leaky mutations: all in one child (one start of
+    torch instead of four)."""
+    cases = {("real", w): ("03", m, w, False) for w, m in REAL_WORLDS.items()}
+    for case, (prefix, markers, world, *_) in MUTATIONS.items():
+        if world.__name__ in LEAKY:
+            cases[("mutated", case)] = (prefix, markers, world.__name__, True)
+    code = json.dumps({"\t".join(k): v for k, v in cases.items()})
     child = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHILD, str(Path(__file__).parent), code],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert child.returncode in (0, 3), child.stderr[-3000:]
-    return child.returncode
+    assert child.returncode == 0, child.stderr[-3000:]
+    last = child.stdout.splitlines()[-1]  # the cells print before it
+    statuses = {tuple(k.split("\t")): v for k, v in json.loads(last).items()}
+    for key, status in statuses.items():  # anything but passed / AssertionError: a broken case
+        assert status in (0, 3), f"{key}: exit status {status}\n{child.stderr[-3000:]}"
+    return statuses
 
 
 def _oom_lab(message: str | None):
@@ -994,10 +1030,11 @@ MUTATIONS = {
 
 
 @pytest.mark.parametrize("case", sorted(MUTATIONS))
-def test_the_check_fails_when_its_claim_is_false(case, monkeypatch):
+def test_the_check_fails_when_its_claim_is_false(case, monkeypatch, request):
     prefix, markers, world, *message = MUTATIONS[case]
     if world.__name__ in LEAKY:
-        assert _in_child(prefix, markers, world, mutated=True) == 3, "the check did not fail"
+        in_child = request.getfixturevalue("in_child")
+        assert in_child[("mutated", case)] == 3, "the check did not fail"
         return
     namespace = world(monkeypatch) if world.__code__.co_argcount else world()
     with pytest.raises(AssertionError, match=re.escape(message[0]) if message else None):
