@@ -16,13 +16,13 @@ PERSON = ["llama-3-8b", "--precision", "bf16", "--optimizer", "adam", "--seq", "
 PERSON += ["--batch", "4", "--gpu", "80GB"]
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tutorial_utils", "fit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _run(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``fit ARGS`` answered in this process (the ``-m`` entry point has its own tests below,
+    each a fresh Python): the exit code and what it printed."""
+    capsys.readouterr()
+    code = fit_cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["fit", *args], code, out, err)
 
 
 def _imports_torch(*args: str) -> tuple[bool, subprocess.CompletedProcess]:
@@ -93,8 +93,8 @@ def test_an_argument_error_answers_before_importing_torch():
     assert not imported, "an argument error imported torch first"
 
 
-def test_the_persons_question_gets_a_verdict_and_the_change_that_helps():
-    done = _run(*PERSON)
+def test_the_persons_question_gets_a_verdict_and_the_change_that_helps(capsys):
+    done = _run(capsys, *PERSON)
     assert done.returncode == 1, done.stderr  # 1: it does not fit
     out = done.stdout
     assert out.startswith("Read as: llama-8b, fp32 states, bf16 autocast")
@@ -111,14 +111,14 @@ def test_the_learned_positions_the_command_line_knows_are_the_presets():
     assert fit_inputs.LEARNED_POSITIONS == learned
 
 
-def test_gpu_memory_takes_a_size():
-    done = _run("gpt2", "--seq", "512", "--gpu-memory", "80GiB")
+def test_gpu_memory_takes_a_size(capsys):
+    done = _run(capsys, "gpt2", "--seq", "512", "--gpu-memory", "80GiB")
     assert done.returncode == 0, done.stderr
     assert "fits on one 80GiB GPU: needs" in done.stdout
 
 
-def test_no_headroom_gives_the_raw_peak():
-    done = _run("gpt2", "--seq", "512", "--gpu", "RTX 4090", "--no-headroom")
+def test_no_headroom_gives_the_raw_peak(capsys):
+    done = _run(capsys, "gpt2", "--seq", "512", "--gpu", "RTX 4090", "--no-headroom")
     assert done.returncode == 0, done.stderr
     assert "no headroom kept" in done.stdout and "CUDA context" not in done.stdout
 
