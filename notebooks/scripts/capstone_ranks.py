@@ -1,7 +1,6 @@
 """Capstone 2 (notebook 11): run a plan for real on every rank, and measure what it did.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        capstone_ranks.py --plan plan.json --step step.py
+  torchrun --nproc-per-node=2 --master-port=29500 capstone_ranks.py --plan plan.json --step step.py
 
 ``plan.json`` says how to shard the model: ``{"shard": "zero3", "micro_batches": 4,
 "checkpointing": true}``, with ``shard`` one of ``replicate`` (a whole model per rank, the step

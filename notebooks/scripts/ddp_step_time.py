@@ -1,7 +1,6 @@
 """From bytes to time: gloo's all-reduce bandwidth, and a DDP step with and without its all-reduce.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        ddp_step_time.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 ddp_step_time.py
 
 Every rank measures, with a barrier before each timed call so the ranks start together:
 1. the all-reduce of a fixed 32 MiB fp32 tensor (not the model's size: the notebook predicts the

@@ -1,8 +1,7 @@
 """FSDP2 beyond the defaults: building on meta, prefetching, clipping, a checkpoint resharded,
 offloading.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        fsdp_depth.py --checkpoint-dir DIR
+    torchrun --nproc-per-node=2 --master-port=29500 fsdp_depth.py --checkpoint-dir DIR
 
 0. Building on the ``meta`` device: the model has shapes and no storage; ``fully_shard`` then
    ``to_empty`` allocates each rank's shards only, and ``set_model_state_dict(...,

@@ -1,7 +1,6 @@
 """Shard a model's parameters, gradients and optimizer state over all processes with FSDP2.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        fsdp_shard.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 fsdp_shard.py
 
 fully_shard() turns each parameter into a DTensor split on dim 0: every rank keeps 1/world of
 it. Forward and backward gather a layer's full weights just before it runs (all-gather) and

@@ -1,7 +1,6 @@
 """A 2-D mesh: tensor parallelism inside each data-parallel group, FSDP2 across the groups.
 
-    torchrun --nnodes=1 --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=29500 \
-        mesh_2d.py
+    torchrun --nproc-per-node=4 --master-addr=127.0.0.1 --master-port=29500 mesh_2d.py
 
 Four ranks form a 2 x 2 ``DeviceMesh`` with named dimensions ``("dp", "tp")``::
 

@@ -1,7 +1,6 @@
 """A two-stage pipeline written by hand: each process is one stage, micro-batches go by send/recv.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        pipeline_by_hand.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 pipeline_by_hand.py
 
 Rank 0 runs the first half of the layers, rank 1 the second half and the loss. GPipe order:
 every micro-batch forward (rank 0 sends each activation as soon as it has it, so rank 1 can

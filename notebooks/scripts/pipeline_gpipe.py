@@ -1,7 +1,6 @@
 """Pipeline a model over 2 processes with torch.distributed.pipelining: GPipe, then 1F1B.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        pipeline_gpipe.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 pipeline_gpipe.py
 
 Rank 0 holds the first half of the layers (stage 0), rank 1 the second half (stage 1). The
 batch is cut into micro-batches: while stage 1 works on micro-batch i, stage 0 already works

@@ -1,7 +1,6 @@
 """Tensor parallelism of one transformer block, then sequence parallelism of its norms.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        tensor_parallel.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 tensor_parallel.py
 
 The block is Megatron's: attention (q, k, v split by columns, so each rank computes its own
 heads; the output projection split by rows) and an MLP (the first Linear split by columns, the

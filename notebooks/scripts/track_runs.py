@@ -1,7 +1,6 @@
 """Notebook 10 §4: notebook 09's ZeRO setups and notebook 08's pipelines, in one launch.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        track_runs.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 track_runs.py
 
 Runs ``zero_stages.main()`` and then ``pipeline_gpipe.main()`` (one micro-batch checked, GPipe
 and 1F1B compared at 8) in the same processes: one start of torch and one process group instead

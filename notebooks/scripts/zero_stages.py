@@ -1,7 +1,6 @@
 """One model, five ways to train it on every process: DDP, ZeRO-1, -2, -3 and ZeRO-3 in bf16.
 
-    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
-        zero_stages.py
+    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 zero_stages.py
 
 Each setup takes the same two Adam steps on the same global batch (each rank its half) and is
 checked against one process taking them on the whole batch. Each rank counts, exactly, the
