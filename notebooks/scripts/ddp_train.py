@@ -1,6 +1,7 @@
 """Train a small regression model with DistributedDataParallel (DDP).
 
-    torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 ddp_train.py --epochs 3
+    torchrun --nnodes=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 \
+        ddp_train.py --epochs 3
 
 Each process holds a full copy of the model and sees a different shard of every batch
 (DistributedSampler). backward() averages the gradients over all processes (all-reduce), so
