@@ -42,6 +42,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from test_exercises_capstone import budgeted_task
+from test_exercises_capstone_ranks import (
+    averaged_step_without_zero_grad as averaged_without_zero_grad,
+)
+from test_exercises_capstone_ranks import step_without_zero_grad
+from test_exercises_capstone_ranks import train_step as micro_batch_step
 from test_exercises_parallel import _reference_params
 from test_exercises_predict import LLAMA_LIKE
 from torch import nn
@@ -663,39 +668,6 @@ def _grader():
 
 def _psi() -> int:
     return _grader().PSI
-
-
-def step_without_zero_grad(model, optimizer, x, y, micro_batches):
-    total = 0.0
-    for xb, yb in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
-        loss = nn.functional.mse_loss(model(xb), yb) / micro_batches
-        loss.backward()
-        total += loss.item()
-    optimizer.step()
-    return total
-
-
-def micro_batch_step(model, optimizer, x, y, micro_batches):
-    """Notebook 11's train_step."""
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for xb, yb in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
-        loss = nn.functional.mse_loss(model(xb), yb) / micro_batches
-        loss.backward()
-        total += loss.item()
-    optimizer.step()
-    return total
-
-
-def averaged_without_zero_grad(model, optimizer, x, y, micro_batches):
-    """Exercise 2's fix, its zero_grad line dropped."""
-    loss = nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-        p.grad /= dist.get_world_size()
-    optimizer.step()
-    return loss.item()
 
 
 def average_of_a_temporary(model, optimizer, x, y, micro_batches):
