@@ -18,7 +18,9 @@ NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sani
 # kernel and 11 s with 1. make test-all and make unit (the slow tests too, among them
 # tests/test_cpu_paths.py) keep torch's default thread count, so that count stays under test.
 TEST_THREADS = $(shell $(PYTHON) -c "import os; print(max(1, (os.cpu_count() or 2) // 2))")
-TEST_ENV = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)}
+# PYTHONDONTWRITEBYTECODE emptied: pytest then keeps each test file's rewritten, compiled form in
+# __pycache__ (ignored by git) instead of parsing and rewriting all of them again in each worker.
+TEST_ENV = OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} PYTHONDONTWRITEBYTECODE=
 
 LINT_PATHS := src tests tools benchmarks notebooks scripts
 
@@ -44,7 +46,7 @@ lab: $(STAMP)
 # those parts.
 test: $(STAMP)
 	$(MAKE) lint
-	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard" -n 2 --dist loadfile --durations=12
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard or child" -n 2 --dist loadfile --durations=12
 
 test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
@@ -76,11 +78,12 @@ site-serve: site
 browser-deps:
 	-@sh scripts/ensure_chromium.sh
 
-# The loop while editing: unit tests without the slow ones (torchrun launches, subprocesses that
-# import torch, Jupyter kernels and servers, the profiler, the browser, repo2docker). Unit tests
+# The loop while editing: unit tests without the slow ones (torchrun launches, Jupyter kernels
+# and servers, the profiler, the browser, repo2docker) and without those marked child (a Python
+# child that imports torch: make test runs them). Unit tests
 # need no nbval: -p no:nbval saves each worker the seconds nbformat's schema checks take to import.
 quick: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow" -q -n 2 --dist loadfile -p no:nbval
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow and not child" -q -n 2 --dist loadfile -p no:nbval
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile -p no:nbval

@@ -744,6 +744,7 @@ OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 REAL_WORLDS = {"_fused_step_with_hooks": FUSED_CHECK, "_offloading": OFFLOAD_CHECK}
 
 
+@pytest.mark.child
 @pytest.mark.parametrize("world", sorted(REAL_WORLDS))
 def test_03_checks_pass_in_the_real_world(world, in_child):
     """The control for the two 03 mutations below: unmutated, the same cells pass."""
@@ -1029,7 +1030,13 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(MUTATIONS))
+@pytest.mark.parametrize(
+    "case",
+    [  # the leaky worlds run in the child process of in_child
+        pytest.param(c, marks=pytest.mark.child) if MUTATIONS[c][2].__name__ in LEAKY else c
+        for c in sorted(MUTATIONS)
+    ],
+)
 def test_the_check_fails_when_its_claim_is_false(case, monkeypatch, request):
     prefix, markers, world, *message = MUTATIONS[case]
     if world.__name__ in LEAKY:

@@ -23,10 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -82,6 +78,9 @@ def _failed_cell(nb) -> dict:
 
 def run(path: Path, inplace: bool, timeout: int, output: Path | None = None) -> float:
     """Execute ``path``; save it in place or to ``output``. Raises as nbclient does."""
+    import nbformat  # here, not above: importing nbformat costs a second of CPU (its schemas),
+    from nbclient import NotebookClient  # which the tests that only read this file need not pay
+
     nb = nbformat.read(path, as_version=4)
     _mark_expected_errors(nb)
     client = NotebookClient(
@@ -107,6 +106,9 @@ def run(path: Path, inplace: bool, timeout: int, output: Path | None = None) -> 
 
 def run_and_report(path: Path, timeout: int, output: Path | None) -> dict:
     """Run one notebook and return ``{"name", "passed", "seconds", "error"?, "cell"?}``."""
+    import nbformat
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
     start = time.perf_counter()
     entry: dict = {"name": path.name}
     try:
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         parser.error(f"no such notebook: {', '.join(missing)}")
+    from nbclient.exceptions import CellExecutionError
+
     results = []
     for path in paths:
         if args.inplace:
