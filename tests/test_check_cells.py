@@ -293,7 +293,7 @@ def _replicas_were_detached():
     }
 
 
-def _data_parallel(monkeypatch=None, warns=False, forward=None):
+def _data_parallel(warns=False, forward=None):
     """07's DataParallel cell on a CPU, with the real ``nn.DataParallel`` or, where a mutation
     asks, one that warns of a deprecation when built (``warns``) or whose forward without CUDA
     does something other than call the module (``forward``)."""
@@ -322,13 +322,13 @@ def _data_parallel(monkeypatch=None, warns=False, forward=None):
     return world
 
 
-def _data_parallel_that_warns(monkeypatch):
-    return _data_parallel(monkeypatch, warns=True)
+def _data_parallel_that_warns():
+    return _data_parallel(warns=True)
 
 
-def _data_parallel_that_splits_without_cuda(monkeypatch):
+def _data_parallel_that_splits_without_cuda():
     """Without CUDA it runs the module on the first half of the batch only (one "device")."""
-    return _data_parallel(monkeypatch, forward=lambda self, x: self.module(x[: len(x) // 2]))
+    return _data_parallel(forward=lambda self, x: self.module(x[: len(x) // 2]))
 
 
 DATA_PARALLEL_07 = ("none a deprecation",)
