@@ -135,8 +135,8 @@ def test_the_rule_flags_a_silent_skip():
 # ------------------------------------------------------------------- asserts on text alone
 #: where an assert reads text, not behaviour: a docstring, a function's source or signature
 TEXT = re.compile(r"__doc__|getsource|inspect\.signature")
-#: issue 38 §3; 05 c15 and 07 c10 still assert on docstrings and source, and join when fixed
-TEXT_CHECKED = ("00", "01", "02", "03", "04", "11")
+#: issue 38 §3; 05 c15 still asserts on a signature, and joins when fixed
+TEXT_CHECKED = ("00", "01", "02", "03", "04", "07", "11")
 
 
 def text_asserts(source: str) -> list[str]:
@@ -293,23 +293,114 @@ def _replicas_were_detached():
     }
 
 
-def _step_far_from_its_prediction():
-    """A DDP step 200x what 07's formula predicts (a formula off by orders of magnitude)."""
+def _data_parallel(warns=False, forward=None):
+    """07's DataParallel cell on a CPU, with the real ``nn.DataParallel`` or, where a mutation
+    asks, one that warns of a deprecation when built (``warns``) or whose forward without CUDA
+    does something other than call the module (``forward``)."""
+    import warnings
+
+    class DataParallel(torch.nn.DataParallel):
+        __doc__ = torch.nn.DataParallel.__doc__
+
+        def __init__(self, *args, **kwargs):
+            if warns:
+                warnings.warn("DataParallel is deprecated: use DDP", FutureWarning, stacklevel=2)
+            super().__init__(*args, **kwargs)
+
+        def forward(self, *inputs, **kwargs):
+            if forward is not None:
+                return forward(self, *inputs)
+            return super().forward(*inputs, **kwargs)
+
+    world = _replicas_were_detached()
+    world.update(
+        devices=types.SimpleNamespace(has_gpu=lambda n=1: False),  # the CPU branch checks
+        nn=types.SimpleNamespace(DataParallel=DataParallel),
+        single=world["MLP"](d_in=16, d_hidden=32, d_out=4, seed=0),
+        tol_dp=1e-5,
+    )
+    return world
+
+
+def _data_parallel_that_warns():
+    return _data_parallel(warns=True)
+
+
+def _data_parallel_that_splits_without_cuda():
+    """Without CUDA it runs the module on the first half of the batch only (one "device")."""
+    return _data_parallel(forward=lambda self, x: self.module(x[: len(x) // 2]))
+
+
+DATA_PARALLEL_07 = ("none a deprecation",)
+
+
+def _buffers_seen(at_init: dict, argument: str = "forward_sync_buffers"):
+    """07 section 4's buffer reports from both ranks: rank r's data shifted by r, the sync's
+    running means as DDP broadcasts them, and rank 1's ``at_init`` as given (rank 0's is 0.0
+    whatever the switch). SyncBatchNorm refused the CPU and the sum by hand matched."""
+    sbn = {
+        "how": "all_reduce by hand, since SyncBatchNorm refuses CPU input",
+        "refusal": "SyncBatchNorm expected input tensor to be on GPU or XPU",
+        "tol": 4e-6,
+        "sync_vs_full": {"running_mean": 0.0, "running_var": 1e-7, "output": 2e-7},
+        "local_vs_full": {"running_mean": 1.11, "output": 1.0},
+    }
+
+    def buffers(rank: int) -> dict:
+        own = [float(rank)] * 4
+        return {
+            "argument": argument,
+            "True": {"after_first": own, "after_second": [0.0] * 4},
+            "False": {"after_first": own, "after_second": own},
+            "at_init": dict.fromkeys(at_init, 0.0) if rank == 0 else at_init,
+        }
+
+    reports = {r: {"buffers": buffers(r), "sync_batchnorm": sbn} for r in (0, 1)}
+    return {"seen": types.SimpleNamespace(reports=reports)}
+
+
+BUFFERS_07 = ("rank 1's running mean once DDP is built",)
+AT_INIT_213 = {"forward_sync_buffers=False": 0.0, "broadcast_buffers=False": 1.0}  # measured
+
+
+def _step_time(bucket_bytes: list[int]):
+    """07 section 5's report: a DDP step of 4,198,400 parameters whose hook counted
+    ``bucket_bytes`` (and as many buckets); the times as measured on a shared CPU."""
     report = {
         "world": 2,
         "params": 4198400,
         "rows_per_rank": 64,
         "message_bytes": 32 * 2**20,
         "allreduce_s": 0.05,
-        "sync": 10.0,
-        "no_sync": 5.0,
-        "buckets": 1,
+        "sync": 0.07,
+        "no_sync": 0.02,
+        "buckets": len(bucket_bytes),
+        "bucket_bytes": bucket_bytes,
     }
     return {
         "seen": types.SimpleNamespace(reports={0: {"step_time": report}}),  # section 4's launch
-        "devices": types.SimpleNamespace(has_gpu=lambda n=1: False),  # the CPU branch asserts
+        "devices": types.SimpleNamespace(has_gpu=lambda n=1: False),
         "os": os,
     }
+
+
+STEP_BYTES_07 = ("one step all-reduced",)
+PSI_07 = 4198400
+
+
+@pytest.mark.parametrize(
+    "markers, world",
+    [
+        (DATA_PARALLEL_07, _data_parallel),
+        (BUFFERS_07, lambda: _buffers_seen(AT_INIT_213)),
+        (BUFFERS_07, lambda: _buffers_seen({"broadcast_buffers=False": 1.0}, "broadcast_buffers")),
+        (STEP_BYTES_07, lambda: _step_time([4 * PSI_07])),
+    ],
+    ids=["DataParallel", "buffers, torch 2.13", "buffers, torch before 2.13", "bucket bytes"],
+)
+def test_notebook_07s_checks_pass_where_their_claims_hold(markers, world):
+    """The controls of the 07 mutations below: the same cells, in worlds where the claims hold."""
+    _run("07", markers, world())
 
 
 def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
@@ -980,10 +1071,47 @@ MUTATIONS = {
         ("no gradient reached the model",),
         _replicas_were_detached,
     ),
-    "07 a step far from its prediction": (
+    "07 DataParallel warns of a deprecation": (
         "07",
-        ("not even the order of magnitude",),
-        _step_far_from_its_prediction,
+        DATA_PARALLEL_07,
+        _data_parallel_that_warns,
+        "DataParallel warns",
+    ),
+    "07 DataParallel without CUDA splits the batch": (
+        "07",
+        DATA_PARALLEL_07,
+        _data_parallel_that_splits_without_cuda,
+        "without CUDA, DataParallel did more than call the module",
+    ),
+    "07 no buffer switch measured at init (the old silent skip)": (
+        "07",
+        BUFFERS_07,
+        lambda: _buffers_seen({}),
+        "rank 1's running mean once DDP is built",
+    ),
+    "07 broadcast_buffers=False broadcasts at init": (
+        "07",
+        BUFFERS_07,
+        lambda: _buffers_seen({**AT_INIT_213, "broadcast_buffers=False": 0.0}),
+        "rank 1's running mean once DDP is built",
+    ),
+    "07 forward_sync_buffers=False skips the broadcast at init": (
+        "07",
+        BUFFERS_07,
+        lambda: _buffers_seen({**AT_INIT_213, "forward_sync_buffers=False": 1.0}),
+        "rank 1's running mean once DDP is built",
+    ),
+    "07 the bucket holds bf16 gradients": (
+        "07",
+        STEP_BYTES_07,
+        lambda: _step_time([2 * PSI_07]),
+        "not 4Ψ",
+    ),
+    "07 the gradients split over two buckets": (
+        "07",
+        STEP_BYTES_07,
+        lambda: _step_time([2 * PSI_07, 2 * PSI_07]),
+        "the first could overlap backward",
     ),
     "08 GPipe frees activations early": (
         "08",

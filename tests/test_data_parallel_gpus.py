@@ -1,8 +1,8 @@
 """DataParallel with the loss inside ``forward``: one loss per GPU, their mean the batch's loss.
 
 Notebook 07 advises computing the loss inside ``forward`` when using ``nn.DataParallel`` (only
-one number per GPU is gathered). Its docstring check proves what the docs say; this proves the
-behaviour, which needs two GPUs: on fewer it is skipped, saying why.
+one number per GPU is gathered). The notebook quotes the docstring; this proves the behaviour,
+which needs two GPUs: on fewer it is skipped, saying why.
 """
 
 from __future__ import annotations

@@ -206,6 +206,11 @@ def test_ddp_seen_trace_bucket_views_and_unused_parameters(tmp_path):
             assert u[name]["unused_parameter_size"] == 1088, name
         timed = rep["step_time"]  # ddp_step_time.measure(), which 07 §5 reads
         assert timed["params"] == 4 * (1024 * 1024 + 1024) and timed["buckets"] == 1
+        assert timed["bucket_bytes"] == [4 * timed["params"]]  # the comm hook's count, fp32
+        kept = {"broadcast_buffers=False": float(rank)}  # each rank's own, before DDP: its rank
+        if rep["buffers"]["argument"] == "forward_sync_buffers":  # 2.13+: broadcast once at init
+            kept["forward_sync_buffers=False"] = 0.0
+        assert rep["buffers"]["at_init"] == kept
         assert (timed["world"], timed["repeats"], timed["message_bytes"]) == (2, 11, 32 * 2**20)
 
 

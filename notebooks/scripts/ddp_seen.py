@@ -184,10 +184,7 @@ def buffers(rank: int, device: torch.device) -> dict:
         out[str(flag)] = {"after_first": after_first, "after_second": bn.running_mean.tolist()}
     # At construction: each rank's own running mean going in, what it holds once DDP is built.
     out["at_init"] = {}
-    names = (
-        ["forward_sync_buffers", "broadcast_buffers"] if BUFFER_SYNC != "broadcast_buffers" else []
-    )
-    for name in names:
+    for name in dict.fromkeys([BUFFER_SYNC, "broadcast_buffers"]):  # one name before 2.13
         bn = nn.BatchNorm1d(4)
         bn.running_mean.fill_(float(rank))
         with warnings.catch_warnings():

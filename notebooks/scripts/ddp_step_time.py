@@ -10,6 +10,9 @@ Every rank measures, with a barrier before each timed call so the ranks start to
    gradients (16 MiB) fit one bucket (``bucket_cap_mb=64``), so its all-reduce starts when
    backward has finished: nothing overlaps, and the difference of the two is the communication
    (and the wait for the slower rank).
+3. The bytes DDP hands its all-reduce: a communication hook (``register_comm_hook``) books the
+   size of each bucket, then passes it to PyTorch's own ``allreduce_hook``. One step's buckets
+   hold every gradient once: 4 bytes per parameter in fp32.
 Each time is the fastest of REPEATS after WARMUP untimed runs: what the machine does when
 nothing else takes the core (the median moves with the load of a shared machine). The
 optimizer's update (work of the order of the parameter count, not 6x it per row) is left out.
@@ -23,6 +26,7 @@ import torch
 import torch.distributed as dist
 from common import log, mlp, report, setup, teardown
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 WIDTH, LAYERS, ROWS, BUCKET_MB = 1024, 4, 64, 64
@@ -47,11 +51,25 @@ def allreduce_seconds(device: torch.device) -> float:
     return min(times[WARMUP:])
 
 
+def counting_hook(sizes: list[int]):
+    """PyTorch's all-reduce hook, booking in ``sizes`` the bytes of each bucket it is handed."""
+
+    def hook(state, bucket):
+        buffer = bucket.buffer()  # the bucket's gradients, flattened into one tensor
+        sizes.append(buffer.numel() * buffer.element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    return hook
+
+
 def step_seconds(device: torch.device, rank: int) -> dict:
-    """Fastest time of a DDP step with its all-reduce ("sync") and without it ("no_sync")."""
+    """Fastest time of a DDP step with its all-reduce ("sync") and without it ("no_sync"), and
+    the bytes of each bucket one step all-reduces ("bucket_bytes")."""
     model = mlp(WIDTH, LAYERS, nn.ReLU)
     ids = [device.index] if device.type == "cuda" else None
     model = DDP(model.to(device), device_ids=ids, bucket_cap_mb=BUCKET_MB)
+    sizes: list[int] = []
+    model.register_comm_hook(None, counting_hook(sizes))  # None: the default process group
     x = torch.randn(ROWS, WIDTH, generator=torch.Generator().manual_seed(rank)).to(device)
 
     def step():
@@ -68,10 +86,13 @@ def step_seconds(device: torch.device, rank: int) -> dict:
             t = timed(fn)
             if i >= WARMUP:
                 times[name].append(t)
+    sizes.clear()
+    step()  # one more step, counted alone
     buckets = model._get_ddp_logging_data().get("bucket_sizes", "")
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "buckets": len(str(buckets).split(",")) if buckets else 0,
+        "bucket_bytes": list(sizes),
         **{name: min(ts) for name, ts in times.items()},
     }
 
@@ -95,7 +116,8 @@ def main() -> None:
     log(
         f"{world} ranks, {result['threads']} thread(s) each: all-reduce of 32 MiB "
         f"{result['allreduce_s'] * 1e3:.1f} ms; DDP step {result['sync'] * 1e3:.1f} ms, "
-        f"under no_sync {result['no_sync'] * 1e3:.1f} ms (fastest of {REPEATS})"
+        f"under no_sync {result['no_sync'] * 1e3:.1f} ms (fastest of {REPEATS}); buckets of "
+        f"{result['bucket_bytes']} B"
     )
     report(result)
     teardown()
