@@ -237,7 +237,7 @@ class Cluster:
             f"{self.devices} x {self.budget / GiB:.0f} GiB; GiB per rank"
         )
         heads = ("fused attention", "explicit softmax", "fused + ckpt")
-        print(f"{'':<22}{'':>24}" + "".join(f"  {h:<18}" for h in heads) + f"{'moved, GB':>12}")
+        print(f"{'':<22}{'':>24}" + "".join(f"  {h:<17}" for h in heads) + f"{'moved, GB':>12}")
         print(
             f"{'':<22}{'state':>6}{'gathered':>9}{'headroom':>9}"
             + f"  {'act.':>5}{'total':>7} {'fits':<4}" * 3
