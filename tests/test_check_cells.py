@@ -737,6 +737,36 @@ def _offloading(monkeypatch=None):
     return namespace
 
 
+def _tp_activations(monkeypatch=None, fused_keeps_scores=False, mutate=True):
+    """Notebook 10 section 2's activations, as its tensor_parallel.py run on 2 gloo ranks
+    measured them (bytes per rank; ``saved_fused`` with scaled_dot_product_attention). With
+    ``fused_keeps_scores``, an SDPA that saves the (s, s) matrix as the explicit softmax does;
+    with ``monkeypatch``, section 4's ``Cluster.activations`` counts every attention as explicit.
+    """
+    comm = {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+    saved = {"single": (657_408, 528_384), "TP": (395_264, 330_752), "TP+SP": (361_472, 296_960)}
+    rep = {"S": 64, "B": 2, "H": 64, "heads": 4}
+    for name, (explicit, fused) in saved.items():
+        rep[name] = {"saved": explicit, "saved_fused": explicit if fused_keeps_scores else fused}
+    rep["TP+SP"]["forward_comm"] = comm
+    wp = _script("which_parallelism")
+    if monkeypatch is not None and mutate:
+        real = wp.Cluster.activations
+        explicit = lambda self, b, t=1, attention="fused": real(self, b, t, "explicit")  # noqa: E731
+        monkeypatch.setattr(wp.Cluster, "activations", explicit)
+    namespace = {"tp": types.SimpleNamespace(reports={0: rep, 1: rep}), "t": 2, "wp": wp}
+    namespace["single"] = rep["single"]
+    _run("10", ("def activation_formula(",), namespace)
+    return namespace
+
+
+TP_ACTIVATIONS = ("this_block = wp.Cluster(",)
+
+
+def test_notebook_10s_activation_check_passes_what_the_ranks_measured(monkeypatch):
+    _run("10", TP_ACTIVATIONS, _tp_activations(monkeypatch, mutate=False))
+
+
 FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
 OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 
@@ -1026,6 +1056,18 @@ MUTATIONS = {
     ),
     "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
     "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
+    "10 the cluster counts fused attention as explicit": (
+        "10",
+        TP_ACTIVATIONS,
+        _tp_activations,
+        "the cluster's fused formula",
+    ),
+    "10 SDPA keeps the s x s matrix": (
+        "10",
+        TP_ACTIVATIONS,
+        lambda: _tp_activations(fused_keeps_scores=True),
+        "fused",
+    ),
 }
 
 
