@@ -767,6 +767,33 @@ def test_notebook_10s_activation_check_passes_what_the_ranks_measured(monkeypatc
     _run("10", TP_ACTIVATIONS, _tp_activations(monkeypatch, mutate=False))
 
 
+def _cluster_of_10(monkeypatch, mutate=True):
+    """Notebook 10 section 4's cluster, fitted to the reports its runs gave (recorded in
+    tests/data/notebook_10_reports.json). With ``mutate``, a fit whose 2-D mesh sends the whole
+    batch's activations over tp, as TP alone does, though each tp group sees only its dp share
+    (the old check, the 2-D traffic against TP's over dp, was the fit's arithmetic twice)."""
+    wp = _script("which_parallelism")
+    recorded = json.loads((Path(__file__).parent / "data" / "notebook_10_reports.json").read_text())
+    reports = {k: {int(r): rep for r, rep in recorded[k].items()} for k in ("zero", "tp", "mesh2d")}
+    if mutate:
+        real = wp.Cluster.fit
+
+        def fit(self, *runs):
+            real(self, *runs)
+            *rest, tp_bytes = self.parts["2-D"]
+            self.parts["2-D"] = (*rest, tp_bytes * self.dp2)
+            return self
+
+        monkeypatch.setattr(wp.Cluster, "fit", fit)
+    gib = 2**30  # section 4's cluster: 32 blocks of h = 4096, 8 x 40 GiB, 8 sequences of 2,048
+    cluster = wp.Cluster(32, 4096, 32, 8, 2048, 8, budget=40 * gib, headroom=4 * gib)
+    cluster.fit(reports["zero"], reports["tp"], reports["mesh2d"])
+    return {"cluster": cluster, "wp": wp, "m2": reports["mesh2d"][0], "GiB": gib}
+
+
+CLUSTER_CHECK = ("def fitting(totals, i):",)
+
+
 FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
 OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 
@@ -1062,6 +1089,7 @@ MUTATIONS = {
         _tp_activations,
         "the cluster's fused formula",
     ),
+    "10 the 2-D mesh sends TP's traffic": ("10", CLUSTER_CHECK, _cluster_of_10),
     "10 SDPA keeps the s x s matrix": (
         "10",
         TP_ACTIVATIONS,
@@ -1090,6 +1118,7 @@ CONTROLS = {
     "00 a tick reads the peak, not the instant": _spike_ticks,
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
+    "10 the 2-D mesh sends TP's traffic": _cluster_of_10,
 }
 
 
