@@ -828,6 +828,63 @@ def _offloading(monkeypatch=None):
     return namespace
 
 
+def _tp_activations(monkeypatch=None, fused_keeps_scores=False, mutate=True):
+    """Notebook 10 section 2's activations, as its tensor_parallel.py run on 2 gloo ranks
+    measured them (bytes per rank; ``saved_fused`` with scaled_dot_product_attention). With
+    ``fused_keeps_scores``, an SDPA that saves the (s, s) matrix as the explicit softmax does;
+    with ``monkeypatch``, section 4's ``Cluster.activations`` counts every attention as explicit.
+    """
+    comm = {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}
+    saved = {"single": (657_408, 528_384), "TP": (395_264, 330_752), "TP+SP": (361_472, 296_960)}
+    rep = {"S": 64, "B": 2, "H": 64, "heads": 4}
+    for name, (explicit, fused) in saved.items():
+        rep[name] = {"saved": explicit, "saved_fused": explicit if fused_keeps_scores else fused}
+    rep["TP+SP"]["forward_comm"] = comm
+    wp = _script("which_parallelism")
+    if monkeypatch is not None and mutate:
+        real = wp.Cluster.activations
+        explicit = lambda self, b, t=1, attention="fused": real(self, b, t, "explicit")  # noqa: E731
+        monkeypatch.setattr(wp.Cluster, "activations", explicit)
+    namespace = {"tp": types.SimpleNamespace(reports={0: rep, 1: rep}), "t": 2, "wp": wp}
+    namespace["single"] = rep["single"]
+    _run("10", ("def activation_formula(",), namespace)
+    return namespace
+
+
+TP_ACTIVATIONS = ("this_block = wp.Cluster(",)
+
+
+def test_notebook_10s_activation_check_passes_what_the_ranks_measured(monkeypatch):
+    _run("10", TP_ACTIVATIONS, _tp_activations(monkeypatch, mutate=False))
+
+
+def _cluster_of_10(monkeypatch, mutate=True):
+    """Notebook 10 section 4's cluster, fitted to the reports its runs gave (recorded in
+    tests/data/notebook_10_reports.json). With ``mutate``, a fit whose 2-D mesh sends the whole
+    batch's activations over tp, as TP alone does, though each tp group sees only its dp share
+    (the old check, the 2-D traffic against TP's over dp, was the fit's arithmetic twice)."""
+    wp = _script("which_parallelism")
+    recorded = json.loads((Path(__file__).parent / "data" / "notebook_10_reports.json").read_text())
+    reports = {k: {int(r): rep for r, rep in recorded[k].items()} for k in ("zero", "tp", "mesh2d")}
+    if mutate:
+        real = wp.Cluster.fit
+
+        def fit(self, *runs):
+            real(self, *runs)
+            *rest, tp_bytes = self.parts["2-D"]
+            self.parts["2-D"] = (*rest, tp_bytes * self.dp2)
+            return self
+
+        monkeypatch.setattr(wp.Cluster, "fit", fit)
+    gib = 2**30  # section 4's cluster: 32 blocks of h = 4096, 8 x 40 GiB, 8 sequences of 2,048
+    cluster = wp.Cluster(32, 4096, 32, 8, 2048, 8, budget=40 * gib, headroom=4 * gib)
+    cluster.fit(reports["zero"], reports["tp"], reports["mesh2d"])
+    return {"cluster": cluster, "wp": wp, "m2": reports["mesh2d"][0], "GiB": gib}
+
+
+CLUSTER_CHECK = ("def fitting(totals, i):",)
+
+
 FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
 OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 
@@ -1155,6 +1212,19 @@ MUTATIONS = {
     ),
     "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
     "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
+    "10 the cluster counts fused attention as explicit": (
+        "10",
+        TP_ACTIVATIONS,
+        _tp_activations,
+        "the cluster's fused formula",
+    ),
+    "10 the 2-D mesh sends TP's traffic": ("10", CLUSTER_CHECK, _cluster_of_10),
+    "10 SDPA keeps the s x s matrix": (
+        "10",
+        TP_ACTIVATIONS,
+        lambda: _tp_activations(fused_keeps_scores=True),
+        "fused",
+    ),
 }
 
 
@@ -1183,6 +1253,7 @@ CONTROLS = {
     "00 a tick reads the peak, not the instant": _spike_ticks,
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
+    "10 the 2-D mesh sends TP's traffic": _cluster_of_10,
 }
 
 

@@ -85,7 +85,72 @@ def test_gpt2_block_in_16_bit_is_korthikanti_without_dropout_masks():
     # 34 sbh less the two 1-byte dropout masks, 4 fp32 norm statistics at 2 bytes, SDPA's
     # fp32 log-sum-exp instead of the 5as^2b of the explicit softmax and its dropout.
     assert ours == 32 * s * b * h + 2 * 2 * 2 * s * b + 4 * a * s * b
-    assert formulas.korthikanti_bytes(s, b, h, a) - 34 * s * b * h == 5 * a * s * s * b
+    explicit = formulas.korthikanti_bytes(s, b, h, a, attention="explicit")
+    assert explicit - 34 * s * b * h == 5 * a * s * s * b
+    assert formulas.korthikanti_bytes(s, b, h, a) - 34 * s * b * h == 4 * a * s * b  # fused
+
+
+def _attention_saved(b, a, s, d, dtype, attention):
+    """What autograd saves for attention, from the q/k/v projection's output to the output
+    projection (whose weight is left out), each storage once: the course's saved-tensor count."""
+    import math
+
+    from torch.nn import functional as F
+
+    qkv = torch.randn(b, s, 3 * a * d, dtype=dtype, requires_grad=True)
+    proj = torch.nn.Linear(a * d, a * d, dtype=dtype)
+    weights = {p.untyped_storage()._cdata for p in proj.parameters()}
+    seen, grad_fns = {}, []
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st._cdata not in weights:
+            seen.setdefault(st._cdata, st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h = qkv * 1  # a new storage, as the projection's output is: q, k, v are views of it
+        q, k, v = (t.view(b, s, a, d).transpose(1, 2) for t in h.split(a * d, dim=-1))
+        if attention == "fused":
+            o = F.scaled_dot_product_attention(q, k, v)
+        else:
+            o = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1) @ v
+        grad_fns.append(type(o.grad_fn).__name__)
+        proj(o.transpose(1, 2).reshape(b, s, a * d))
+    return sum(seen.values()), grad_fns[0]
+
+
+@pytest.mark.parametrize("attention", formulas.ATTENTION_KINDS)
+@pytest.mark.parametrize(
+    "b,a,s,d,dtype", [(2, 4, 512, 32, torch.float32), (1, 2, 40, 8, torch.bfloat16)]
+)
+def test_attention_formula_is_what_autograd_saves_on_a_cpu(attention, b, a, s, d, dtype):
+    saved, grad_fn = _attention_saved(b, a, s, d, dtype, attention)
+    e = torch.finfo(dtype).bits // 8
+    want = formulas.attention_saved_bytes(s, b, a * d, a, e, attention=attention, dropout=False)
+    assert saved == want
+    if attention == "fused":  # the CPU's SDPA is a flash kernel, not the math fallback
+        assert grad_fn == "ScaledDotProductFlashAttentionForCpuBackward0"
+
+
+def test_attention_at_issue_38s_shape():
+    # b=2, h=4 heads, s=512, d=32, fp32: q, k, v and the output (4 x 512 KiB) and a 16 KiB
+    # log-sum-exp, against the same four and the 8 MiB of (s, s) probabilities
+    fused = formulas.attention_saved_bytes(512, 2, 128, 4, 4, dropout=False)
+    explicit = formulas.attention_saved_bytes(
+        512, 2, 128, 4, 4, attention="explicit", dropout=False
+    )
+    assert (fused, explicit) == (2_113_536, 10_485_760)
+    assert _attention_saved(2, 4, 512, 32, torch.float32, "fused")[0] == fused
+
+
+def test_korthikanti_is_26_sbh_and_attention_either_way():
+    s, b, h, a = 2048, 1, 4096, 32
+    for kind in formulas.ATTENTION_KINDS:
+        core = formulas.attention_saved_bytes(s, b, h, a, attention=kind)
+        assert formulas.korthikanti_bytes(s, b, h, a, attention=kind) == 26 * s * b * h + core
+    with pytest.raises(ValueError, match="attention must be one of"):
+        formulas.korthikanti_bytes(s, b, h, a, attention="flash")
 
 
 def test_model_states_per_recipe():
@@ -142,6 +207,8 @@ CALLS = {
     "korthikanti batch": lambda v: formulas.korthikanti_bytes(8, v, 8, 2),
     "korthikanti d_model": lambda v: formulas.korthikanti_bytes(8, 1, v, 2),
     "korthikanti n_heads": lambda v: formulas.korthikanti_bytes(8, 1, 8, v),
+    "attention seq": lambda v: formulas.attention_saved_bytes(v, 1, 8, 2),
+    "attention batch": lambda v: formulas.attention_saved_bytes(8, v, 8, 2),
     "block batch": lambda v: formulas.block_activation_bytes(CFG, v, 8),
     "block seq": lambda v: formulas.block_activation_bytes(CFG, 1, v),
     "playbook d_model": lambda v: formulas.playbook_parameters(v, 100, 2),

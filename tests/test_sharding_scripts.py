@@ -106,6 +106,10 @@ def test_activations_saved_per_rank_follow_the_adapted_formulas(tp):
         assert rep["TP"]["saved"] == sbh * (16 + 48 // t) + 4 * a * s * s * b // t + 16 * sb
         # PyTorch's SP saves the gathered inputs of the column-split Linears (8sbh replicated)
         assert rep["TP+SP"]["saved"] == sbh // t * (56 + 4 * a * s // h) + 8 * sbh + 16 * sb // t
+        # scaled_dot_product_attention: the 4as^2b of the softmax becomes a log-sum-exp, 4asb
+        for name in ("single", "TP", "TP+SP"):
+            heads = a // (1 if name == "single" else t)
+            assert rep[name]["saved"] - rep[name]["saved_fused"] == 4 * heads * (s - 1) * s * b
 
 
 @pytest.mark.slow

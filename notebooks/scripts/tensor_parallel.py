@@ -14,7 +14,8 @@ Each rank checks:
    sequence): the same equality; the all-reduces become all-gathers and reduce-scatters.
 3. The activations autograd saves for backward, per rank, counted exactly (a saved-tensor hook
    books each storage once, parameters excluded, a DTensor by its local shard): without
-   parallelism, with TP and with TP + SP.
+   parallelism, with TP and with TP + SP; with the softmax written out (as Korthikanti et al.
+   counted it) and with ``scaled_dot_product_attention`` (fused, as it runs today).
 4. The bytes of gradients and of Adam's state each rank keeps (its shards), for the decision
    table of notebook 08.
 
@@ -61,9 +62,10 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
 
 class Attention(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = False) -> None:
         super().__init__()
         self.q, self.k, self.v, self.o = (nn.Linear(H, H) for _ in range(4))
+        self.fused = fused  # scaled_dot_product_attention: no (s, s) matrix saved
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -74,8 +76,11 @@ class Attention(nn.Module):
             return t.view(b, s, -1, d).transpose(1, 2)
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-        out = torch.softmax(scores, dim=-1) @ v
+        if self.fused:
+            out = nn.functional.scaled_dot_product_attention(q, k, v)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+            out = torch.softmax(scores, dim=-1) @ v
         return self.o(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -89,9 +94,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = False) -> None:
         super().__init__()
-        self.attn_norm, self.attn = nn.LayerNorm(H), Attention()
+        self.attn_norm, self.attn = nn.LayerNorm(H), Attention(fused)
         self.mlp_norm, self.mlp = nn.LayerNorm(H), MLP()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -99,9 +104,9 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-def build(seed: int = 0) -> Block:
+def build(seed: int = 0, fused: bool = False) -> Block:
     torch.manual_seed(seed)
-    return Block()
+    return Block(fused)
 
 
 def plans() -> tuple[dict, dict, dict]:
@@ -191,7 +196,11 @@ def main() -> None:
     ref_out, ref_saved = saved_activation_bytes(ref, x)
     ref_out.sum().backward()
     ref_grads = {n: p.grad.clone() for n, p in ref.named_parameters()}
-    out = {"world": world, "single": {"params": param_bytes(ref), "saved": ref_saved}}
+    saved_fused = saved_activation_bytes(build(fused=True).to(device), x)[1]
+    out = {
+        "world": world,
+        "single": {"params": param_bytes(ref), "saved": ref_saved, "saved_fused": saved_fused},
+    }
 
     setups = (
         ("TP", TP_PLAN, x),
@@ -202,6 +211,8 @@ def main() -> None:
     for name, plan, inp in setups:
         model = parallelize_module(build().to(device), mesh, plan)
         y, saved = saved_activation_bytes(model, inp)
+        fused = parallelize_module(build(fused=True).to(device), mesh, plan)
+        saved_fused = saved_activation_bytes(fused, inp)[1]
         want = ref_out[:, mine] if name == "TP+SP" else ref_out  # SP: this rank's part only
         forward_gap = (local(y) - want).abs().max().item() / want.abs().max().item()
         with CommDebugMode() as fwd_mode:
@@ -225,6 +236,7 @@ def main() -> None:
             "split_params": sorted(split),
             "split_numel": sum(ref.get_parameter(n).numel() for n in split),
             "saved": saved,
+            "saved_fused": saved_fused,
             "forward_gap": forward_gap,
             "grad_gap": grad_gap,
             "forward_tol": forward_tol,

@@ -135,14 +135,27 @@ class Cluster:
     dp2: int = 2  # the 2-D mesh: dp x tp = devices
     # setup: (mesh, state, gathered, (sequences per rank, TP degree), dp bytes, tp bytes)
     parts: dict = field(default_factory=dict)
-    totals: dict = field(default_factory=dict)  # setup: (without, with full checkpointing)
+    # setup: total bytes per rank (fused attention, explicit softmax, fused with full checkpointing)
+    totals: dict = field(default_factory=dict)
 
-    def activations(self, b: int, t: int = 1) -> float:
-        """Bytes one block saves for backward on a rank: b sequences, TP degree t (section 2)."""
-        sbh, sb, ash = self.seq * b * self.hidden, self.seq * b, self.heads * self.seq / self.hidden
+    def activations(self, b: int, t: int = 1, attention: str = "fused") -> float:
+        """Bytes one block saves for backward on a rank: b sequences, TP degree t (section 2).
+
+        ``attention="explicit"``: the softmax written out saves its (s, s) probabilities,
+        4as^2b bytes; ``"fused"`` (``scaled_dot_product_attention``): a log-sum-exp instead,
+        4asb bytes. Everything else is the same tensors."""
+        if attention not in ("fused", "explicit"):
+            raise ValueError(f"attention must be 'fused' or 'explicit', not {attention!r}")
+        sbh, sb = self.seq * b * self.hidden, self.seq * b
+        ash = self.heads * (self.seq if attention == "explicit" else 1) / self.hidden
         if t == 1:
             return sbh * (64 + 4 * ash) + 16 * sb
         return sbh * (16 + 48 / t + 4 * ash / t) + 16 * sb
+
+    def checkpointed(self, b: int, t: int = 1) -> float:
+        """Bytes of activations with full checkpointing: every block's input, and one block
+        recomputed at a time in backward (with fused attention)."""
+        return self.blocks * 4 * self.seq * b * self.hidden + self.activations(b, t)
 
     def fit(self, zero, tp, mesh2d) -> Cluster:
         """Scale the runs' measurements to this model and cluster; fill `parts` and `totals`."""
@@ -210,30 +223,40 @@ class Cluster:
             L * ar * 2 * (self.batch // dp2) * act_seq,  # a dp group's sequences
         )
         for setup, (_, state_b, gathered, (b, t), _, _) in self.parts.items():
-            act = L * self.activations(b, t)
-            ckpt = L * 4 * self.seq * b * self.hidden + self.activations(b, t)  # inputs, one redone
             base = state_b + gathered + self.headroom
-            self.totals[setup] = (base + act, base + ckpt)
+            self.totals[setup] = (
+                base + L * self.activations(b, t, "fused"),
+                base + L * self.activations(b, t, "explicit"),
+                base + self.checkpointed(b, t),
+            )
         return self
 
     def show(self) -> None:
         print(
             f"{self.blocks} blocks, h = {self.hidden}: Psi = {self.psi / 1e9:.2f} billion; "
-            f"{self.devices} x {self.budget / GiB:.0f} GiB"
+            f"{self.devices} x {self.budget / GiB:.0f} GiB; GiB per rank"
         )
+        heads = ("fused attention", "explicit softmax", "fused + ckpt")
+        print(f"{'':<22}{'':>24}" + "".join(f"  {h:<17}" for h in heads) + f"{'moved, GB':>12}")
         print(
-            f"{'GiB per rank':<22}{'state':>6}{'gathered':>9}{'act.':>6}{'ckpt':>6}{'headroom':>9}"
-            f"{'total':>7}{'ckpt':>6}  {'fits':<9}{'dp GB':>7}{'tp GB':>7}"
+            f"{'':<22}{'state':>6}{'gathered':>9}{'headroom':>9}"
+            + f"  {'act.':>5}{'total':>7} {'fits':<4}" * 3
+            + f"{'dp':>6}{'tp':>6}"
         )
         for setup, (mesh, state_b, gathered, (b, t), comm_dp, comm_tp) in self.parts.items():
-            act = self.blocks * self.activations(b, t)
-            ckpt = self.blocks * 4 * self.seq * b * self.hidden + self.activations(b, t)
-            plain, with_ckpt = self.totals[setup]
-            fits = "/".join("yes" if x <= self.budget else "no" for x in (plain, with_ckpt))
-            print(
-                f"{setup:<7}{mesh:<15}{state_b / GiB:>6.1f}{gathered / GiB:>9.1f}{act / GiB:>6.1f}"
-                f"{ckpt / GiB:>6.1f}{self.headroom / GiB:>9.1f}{plain / GiB:>7.1f}"
-                f"{with_ckpt / GiB:>6.1f}  {fits:<9}{comm_dp / 1e9:>7.1f}{comm_tp / 1e9:>7.1f}"
+            acts = (
+                self.blocks * self.activations(b, t, "fused"),
+                self.blocks * self.activations(b, t, "explicit"),
+                self.checkpointed(b, t),
             )
-        print("act., total, fits: without, then with full activation checkpointing (ckpt)")
-        print("dp GB, tp GB: moved per rank and step over each kind of link")
+            cols = "".join(
+                f"  {a / GiB:>5.1f}{total / GiB:>7.1f} {'yes' if total <= self.budget else 'no':<4}"
+                for a, total in zip(acts, self.totals[setup], strict=True)
+            )
+            print(
+                f"{setup:<7}{mesh:<15}{state_b / GiB:>6.1f}{gathered / GiB:>9.1f}"
+                f"{self.headroom / GiB:>9.1f}{cols}{comm_dp / 1e9:>6.1f}{comm_tp / 1e9:>6.1f}"
+            )
+        print("fused: scaled_dot_product_attention, as it runs today; explicit: the softmax")
+        print("written out, as Korthikanti et al. counted it; ckpt: full activation checkpointing")
+        print("moved: GB per rank and step over each kind of link (dp, tp)")

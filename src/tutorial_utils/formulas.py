@@ -8,8 +8,13 @@ notebook (and in ``tests/test_formulas.py``). Nothing here runs a model.
 - ``playbook_parameters``: the Ultra-Scale Playbook's N = h*v + L*(12h^2 + 13h) + 2h.
 - ``BYTES_PER_PARAMETER`` and ``model_state_bytes``: weights, gradients, master weights and
   optimizer state per precision recipe and optimizer.
+- ``attention_saved_bytes``: what attention saves for backward, fused (SDPA's flash kernels,
+  as practitioners run it: no s x s matrix) or explicit (the softmax written out, as
+  Korthikanti et al. (2022) counted it: ``5*a*s^2*b`` in 16-bit with dropout).
+- ``korthikanti_bytes``: Korthikanti et al.'s per-layer ``s*b*h*(34 + 5*a*s/h)``, with the
+  attention term either way (fused by default).
 - ``block_activation_bytes``: what one decoder block saves for backward, the course block's
-  version of Korthikanti et al. (2022)'s ``s*b*h*(34 + 5*a*s/h)``.
+  version of Korthikanti et al. (2022)'s count.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ __all__ = [
     "OPTIMIZER_STATE_BYTES",
     "PRECISIONS",
     "STATE_ELEMENT_BYTES",
+    "ATTENTION_KINDS",
     "ModelStates",
+    "attention_saved_bytes",
     "block_activation_bytes",
     "decoder_parameters",
     "korthikanti_bytes",
@@ -185,12 +192,14 @@ def model_state_bytes(
     )
 
 
-def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
-    """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks.
+#: How attention is computed: "fused" (``F.scaled_dot_product_attention``'s flash or
+#: memory-efficient kernels, which keep no s x s matrix) or "explicit" (``softmax(q k^T) v``
+#: written out, which saves the s x s probabilities).
+ATTENTION_KINDS = ("fused", "explicit")
 
-    ``n_heads`` must divide ``d_model`` (each head gets ``d_model / n_heads`` dimensions), as in
-    ``decoder.DecoderConfig``; otherwise no such layer exists and the answer would be for nothing.
-    """
+
+def _layer_shape(seq, batch, d_model, n_heads) -> tuple[int, int, int, int]:
+    """(s, b, h, a) as whole numbers >= 1, ``n_heads`` dividing ``d_model``, or one sentence."""
     s, b, h, a = (
         _count(name, value, 1)
         for name, value in (
@@ -205,7 +214,66 @@ def korthikanti_bytes(seq: int, batch: int, d_model: int, n_heads: int) -> int:
             f"d_model ({h}) must be a multiple of n_heads ({a}): each head gets "
             "d_model / n_heads dimensions"
         )
-    return s * b * h * 34 + 5 * a * s * s * b
+    return s, b, h, a
+
+
+def attention_saved_bytes(
+    seq: int,
+    batch: int,
+    d_model: int,
+    n_heads: int,
+    element_bytes: int = 2,
+    *,
+    attention: str = "fused",
+    dropout: bool = True,
+) -> int:
+    """Bytes attention saves for backward, from q, k, v to its output (which the output
+    projection saves in either case, so it is counted here, once).
+
+    - ``"fused"`` (``F.scaled_dot_product_attention``, as torchtitan and practitioners run it):
+      q, k, v, the output (4h per token) and one fp32 log-sum-exp per head and token. With
+      dropout the kernel keeps an RNG seed and offset, not a mask.
+    - ``"explicit"`` (``softmax(q k^T / sqrt(d)) v``, Korthikanti et al. 2022): q, k, v, the
+      output and the (s, s) probabilities of every head; with ``dropout`` also a 1-byte mask
+      and the dropped-out probabilities. In 16-bit with dropout: ``8sbh + 5as^2b``.
+
+    Checked to the byte against what autograd saves on a CPU in ``tests/test_formulas.py``
+    (CPU SDPA is a flash kernel: ``ScaledDotProductFlashAttentionForCpuBackward0``).
+    """
+    s, b, h, a = _layer_shape(seq, batch, d_model, n_heads)
+    if element_bytes not in (1, 2, 4, 8) or isinstance(element_bytes, bool):
+        raise ValueError(
+            f"element_bytes must be 1, 2, 4 or 8 (a dtype's size), not {element_bytes!r}"
+        )
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
+    if not isinstance(dropout, bool):
+        raise TypeError(f"dropout must be True or False, not {dropout!r}")
+    qkvo = 4 * s * b * h * element_bytes
+    if attention == "fused":
+        return qkvo + 4 * a * s * b  # the log-sum-exp is fp32 whatever the inputs are
+    per_score = element_bytes + (1 + element_bytes if dropout else 0)  # probabilities, mask, out
+    return qkvo + per_score * a * s * s * b
+
+
+def korthikanti_bytes(
+    seq: int, batch: int, d_model: int, n_heads: int, *, attention: str = "fused"
+) -> int:
+    """Korthikanti et al. (2022), eq. 2: one GPT layer in 16-bit with 1-byte dropout masks.
+
+    ``attention="explicit"`` is their count, ``s*b*h*34 + 5*a*s^2*b``: the softmax written out
+    saves its (s, s) probabilities, their dropout mask and the dropped-out copy. The default,
+    ``"fused"``, is the same layer as it runs today with ``scaled_dot_product_attention``: the
+    ``5*a*s^2*b`` becomes a 4-byte log-sum-exp per head and token, ``s*b*h*34 + 4*a*s*b``.
+    Both are ``26 sbh`` (norms, MLP, the QKV input, the output dropout mask) plus
+    ``attention_saved_bytes``.
+
+    ``n_heads`` must divide ``d_model`` (each head gets ``d_model / n_heads`` dimensions), as in
+    ``decoder.DecoderConfig``; otherwise no such layer exists and the answer would be for nothing.
+    """
+    s, b, h, a = _layer_shape(seq, batch, d_model, n_heads)
+    core = attention_saved_bytes(s, b, h, a, 2, attention=attention, dropout=True)
+    return 26 * s * b * h + core
 
 
 def block_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, element_bytes: int = 4) -> int:
