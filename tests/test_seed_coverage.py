@@ -60,23 +60,23 @@ def test_the_page_states_the_derived_counts():
 
 
 GUARDED = [  # (the guard, the skip message's branch, GPUs it needs)
-    ("if caps.cuda:\n    assert x == 1\nelse:\n    print('No GPU: skipped')\n", 1),
+    ("if caps.cuda:\n    assert x == 1\nelse:\n    print('skipped')\n", 1),
     ("if torch.cuda.is_available():\n    assert x == 1\nelse:\n    print('skipped')\n", 1),
-    ("if devices.has_gpu(2):\n    assert x == 1\nelse:\n    print('needs two GPUs')\n", 2),
-    ("if torch.cuda.device_count() >= 2:\n    assert x == 1\nelse:\n    print('needs 2')\n", 2),
-    ("if caps.multi_gpu:\n    assert x == 1\nelse:\n    print('needs two GPUs')\n", 2),
-    ("if devs.stand_ins:\n    print('Not a check on stand-ins')\nelse:\n    assert x == 1\n", 2),
+    ("if devices.has_gpu(2):\n    assert x == 1\nelse:\n    print('skipped')\n", 2),
+    ("if torch.cuda.device_count() >= 2:\n    assert x == 1\nelse:\n    print('skipped')\n", 2),
+    ("if caps.multi_gpu:\n    assert x == 1\nelse:\n    print('skipped')\n", 2),
+    ("if devs.stand_ins:\n    print('skipped')\nelse:\n    assert x == 1\n", 2),
     ("if not caps.cuda:\n    print('skipped')\nelse:\n    assert x == 1\n", 1),
     ("assert y == 2\nif caps.cuda and y:\n    assert x == 1\nelse:\n    print('skipped')\n", 1),
     ("for _ in range(3):\n    if devices.has_gpu(1) and not devices.has_gpu(2):\n"
-     "        print('one GPU')\n    elif devices.has_gpu(2):\n        assert x == 1\n", 2),
+     "        print('skipped')\n    elif devices.has_gpu(2):\n        assert x == 1\n", 2),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(("source", "gpus"), GUARDED)
 def test_a_check_under_a_gpu_guard_is_never_run_here(tmp_path, source, gpus):
     tool = _tool()
-    nbs = _notebook(tmp_path, _code(source, printed="No GPU: skipped"))
+    nbs = _notebook(tmp_path, _code(source, printed="skipped"))
     verdict = tool.derive(_row(tool, tool.code("90", r"assert x == 1")), nbs)
     assert (verdict.status, verdict.gpus) == (tool.GPU, gpus)
     assert verdict.proofs[0].where == "`90_synthetic.ipynb` 1. The section (c1)"
@@ -86,7 +86,16 @@ def test_a_guarded_cell_that_says_nothing_on_a_cpu_is_reported(tmp_path):
     tool = _tool()
     nbs = _notebook(tmp_path, _code("if caps.cuda:\n    assert x == 1\n"))
     row = _row(tool, tool.code("90", r"assert x == 1"), on_gpu="x is 1")
-    assert any("says nothing about what it skipped" in p for p in tool.problems((row,), nbs))
+    assert any("says nothing of what it skipped" in p for p in tool.problems((row,), nbs))
+
+
+def test_a_guarded_cell_whose_output_is_not_its_cpu_branchs_is_reported(tmp_path):
+    tool = _tool()
+    source = "if caps.cuda:\n    assert x == 1\n    print('x is 1')\nelse:\n    print('skipped')\n"
+    nbs = _notebook(tmp_path, _code(source, printed="x is 1"))  # the GPU branch's output
+    row = _row(tool, tool.code("90", r"assert x == 1"), on_gpu="x is 1")
+    assert tool.derive(row, nbs).status != tool.GPU
+    assert any("lacks what the guard's CPU branch prints" in p for p in tool.problems((row,), nbs))
 
 
 def test_a_gpu_only_row_says_what_a_gpu_run_shows(tmp_path):

@@ -24,8 +24,11 @@ claim more than runs.
 - **runs on a GPU only**: the evidence line is a check under a guard that is false on a CPU
   (``if caps.cuda:``, ``if devices.has_gpu(2):``, the ``else`` of ``if devs.stand_ins:``, a test's
   ``skipif(torch.cuda.device_count() < 2)``). What it needs (1 GPU, 2 GPUs) is read from the guard.
-  On a CPU the cell only explains: its committed output must say so (the cell printed something).
+  On a CPU the cell only explains: its committed output must hold the text the guard's CPU branch
+  prints (or, where that branch only displays an object, some output), which also shows that the
+  CPU run took the branch the tool thinks it did.
 - **cited**: prose (a markdown cell) that names its source with a link, and nothing that runs it.
+  Prose without a link is "said": it places the claim in a section and proves nothing.
 
 A row with several pieces of evidence is "runs on a GPU only" if any piece is (the whole claim
 needs that run), else "run here" if any piece runs here, else "cited". ``--check`` (run by
@@ -307,27 +310,51 @@ def _role(stmt: ast.stmt) -> str:
     return PLAIN
 
 
-def _mark(stmts: list[ast.stmt], need: int | None, lines: dict[int, tuple[int | None, str]]):
-    """Each line's (GPUs it needs to run, role); an inner statement overrides its parent."""
+# A line's (GPUs it needs to run, role, what the guard's CPU branch prints where it is skipped).
+Line = tuple[int | None, str, tuple[str, ...]]
+
+
+def _announced(stmts: list[ast.stmt]) -> tuple[str, ...]:
+    """The literal text a branch prints (print's strings and f-strings' fixed parts)."""
+    said = []
+    for node in (n for stmt in stmts for n in ast.walk(stmt)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "print"
+        ):
+            for arg in node.args:
+                for part in arg.values if isinstance(arg, ast.JoinedStr) else [arg]:
+                    if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                        said += [part.value.strip()] if len(part.value.strip()) >= 6 else []
+    return tuple(said)
+
+
+def _mark(stmts: list[ast.stmt], need: int | None, lines: dict[int, Line], said=()) -> None:
+    """Each line's need, role and skip text; an inner statement overrides its parent."""
     for stmt in stmts:
         for line in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1):
-            lines[line] = (need, _role(stmt))
+            lines[line] = (need, _role(stmt), said)
         if isinstance(stmt, ast.If):
             c = _cond(stmt.test)
-            _mark(stmt.body, need if c.cpu is True else _then(need, c.true_needs), lines)
-            _mark(stmt.orelse, need if c.cpu is False else _then(need, c.false_needs), lines)
+            body_said = _announced(stmt.orelse) if c.cpu is False else said
+            else_said = _announced(stmt.body) if c.cpu is True else said
+            body_need = need if c.cpu is True else _then(need, c.true_needs)
+            else_need = need if c.cpu is False else _then(need, c.false_needs)
+            _mark(stmt.body, body_need, lines, body_said)
+            _mark(stmt.orelse, else_need, lines, else_said)
         elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
-            _mark(stmt.body, need, lines)
-            _mark(stmt.orelse if hasattr(stmt, "orelse") else [], need, lines)
+            _mark(stmt.body, need, lines, said)
+            _mark(getattr(stmt, "orelse", []), need, lines, said)
         elif isinstance(stmt, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            _mark(stmt.body, need, lines)
+            _mark(stmt.body, need, lines, said)
             for handler in stmt.handlers:
                 first = handler.body[0].lineno if handler.body else handler.lineno + 1
                 for line in range(handler.lineno, first):
-                    lines[line] = (need, ERROR)  # the header: reached only when it raised
-                _mark(handler.body, need, lines)
-            _mark(stmt.orelse, need, lines)
-            _mark(stmt.finalbody, need, lines)
+                    lines[line] = (need, ERROR, said)  # the header: reached only when it raised
+                _mark(handler.body, need, lines, said)
+            _mark(stmt.orelse, need, lines, said)
+            _mark(stmt.finalbody, need, lines, said)
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Match)):
             for child in ast.iter_child_nodes(stmt):  # runs when called: undecided
                 if isinstance(child, ast.stmt):
@@ -346,12 +373,12 @@ def _python(text: str) -> str:
     return "\n".join(keep)
 
 
-def _lines(text: str) -> dict[int, tuple[int | None, str]] | None:
+def _lines(text: str) -> dict[int, Line] | None:
     try:
         tree = ast.parse(_python(text))
     except SyntaxError:
         return None
-    lines: dict[int, tuple[int | None, str]] = {}
+    lines: dict[int, Line] = {}
     _mark(tree.body, 0, lines)
     return lines
 
@@ -404,65 +431,52 @@ def _printed(cell: dict) -> str:
 
 
 def _code_proof(ev: Evidence, cell: dict, where: str, line: int | None) -> Proof:
-    text = _source(cell)
-    lines = _lines(text)
+    def unproven(why: str, status: str = NOT_CHECKED) -> Proof:
+        return Proof(ev, status, where=where, why=why)
+
+    lines = _lines(_source(cell))
     if lines is None:
-        return Proof(ev, UNDECIDED, where=where, why="its cell is not Python the tool can parse")
+        return unproven("its cell is not Python the tool can parse", UNDECIDED)
     tags = cell.get("metadata", {}).get("tags", [])
     expects_error = "raises-exception" in tags
     errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     if line is None:  # a tagged cell the pattern does not match: every check of the cell counts
-        needs = [need for need, role in lines.values() if role == CHECK]
-        if expects_error:
-            needs.append(0)
+        needs = [need for need, role, _ in lines.values() if role == CHECK]
+        needs += [0] if expects_error else []
         if not needs:
-            return Proof(ev, NOT_CHECKED, where=where, why="its tagged cell has no check")
+            return unproven("its tagged cell has no check")
         here = [n for n in needs if n is not None]
-        need = 0 if 0 in here else (min(here) if here else None)
-        role = CHECK
+        need, role, said = (0 if 0 in here else min(here, default=None)), CHECK, ()
     else:
-        need, role = lines.get(line, (0, PLAIN))
+        need, role, said = lines.get(line, (0, PLAIN, ()))
         if expects_error:
             role = ERROR
         elif role == ERROR and "nbval-ignore-output" in tags:
             role = PLAIN  # nbval does not compare what the handler printed
     if role == PLAIN:
-        return Proof(
-            ev,
-            NOT_CHECKED,
-            where=where,
-            why="its line is not a check (assert, raise "
-            "AssertionError, .assert_passed(), or an expected error nbval compares)",
+        return unproven(
+            "its line is not a check (assert, raise AssertionError, .assert_passed(), "
+            "or an expected error nbval compares)"
         )
     if need is None:
-        return Proof(ev, UNDECIDED, where=where, why="a condition above its line is not in GUARDS")
+        return unproven("a condition above its line is not in GUARDS", UNDECIDED)
     if cell.get("execution_count") is None:
-        return Proof(
-            ev,
-            NOT_CHECKED,
-            where=where,
-            why="its cell was never run (no execution count in the committed notebook)",
-        )
+        return unproven("its cell was never run (no execution count in the committed notebook)")
+    printed = _printed(cell)
     if need > 0:
         if role == ERROR:
-            return Proof(ev, NOT_CHECKED, where=where, why="an expected error under a GPU guard")
-        if not _printed(cell):
-            return Proof(
-                ev,
-                NOT_CHECKED,
-                where=where,
-                why="guarded, yet its committed CPU output says nothing about what it skipped",
+            return unproven("an expected error under a GPU guard")
+        if not printed:
+            return unproven("guarded, yet its committed CPU output says nothing of what it skipped")
+        if said and not any(text in printed for text in said):
+            return unproven(
+                f"its committed output lacks what the guard's CPU branch prints ({said[0]!r})"
             )
         return Proof(ev, GPU, need, where)
     if errors and not expects_error:
-        return Proof(ev, NOT_CHECKED, where=where, why="its committed output is an error")
+        return unproven("its committed output is an error")
     if expects_error and not errors:
-        return Proof(
-            ev,
-            NOT_CHECKED,
-            where=where,
-            why="tagged raises-exception, but its committed output has no error",
-        )
+        return unproven("tagged raises-exception, but its committed output has no error")
     return Proof(ev, RUN, 0, where)
 
 
@@ -479,9 +493,9 @@ def _test_proof(ev: Evidence, root: Path) -> Proof:
     for func in module.body:
         if isinstance(func, ast.FunctionDef) and func.lineno <= line <= (func.end_lineno or 0):
             where = f"`{ev.source}::{func.name}`"
-            lines: dict[int, tuple[int | None, str]] = {}
+            lines: dict[int, Line] = {}
             _mark(func.body, _skip_needs(func, module), lines)
-            need, role = lines.get(line, (0, PLAIN))
+            need, role, _ = lines.get(line, (0, PLAIN, ()))
             if role != CHECK:
                 return Proof(ev, NOT_CHECKED, where=where, why="its line is not a check")
             if need is None:
@@ -607,7 +621,8 @@ def render(rows: tuple[Row, ...] | None = None, notebooks: Path = NOTEBOOKS) -> 
         "**runs on a GPU only**: the check sits under a guard that is false on a CPU (`if",
         "caps.cuda:`, `if devices.has_gpu(2):`, a test's `skipif(torch.cuda.device_count() < 2)`);",
         "the GPUs it needs are read from that guard, and on a CPU the cell only says what it",
-        "skipped. **cited**: prose with a linked source, and no cell that runs the claim.",
+        "skipped. **cited**: prose with a linked source, and no cell that runs the claim",
+        "(**said**: prose without a source, listed for where the course says it; proves nothing).",
         "A row with a GPU-only piece is GPU-only: the claim is proven only when that piece runs.",
         "",
         "| # | the guide | audit | status | evidence: notebook, section (cell) | what it shows "
