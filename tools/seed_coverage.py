@@ -192,7 +192,7 @@ ROWS: tuple[Row, ...] = (
         "benchmark=True pays a search for each new shape and is no slower for one fixed shape"),
     Row(29, "RTX and Volta can train in fp16", "incomplete",
         (code("05", r"assert ratio < 1"),),
-        "the learner's own capability calls; Tensor Core speedups quoted with their source",
+        "on a CPU, published Tensor Core speedups (with their source), and 'not checked here'",
         "autocast beats fp32 where the GPU has the hardware the dtype needs (fp16 from a T4, "
         "bf16 from an A100)"),
     Row(30, "mixed precision halves memory", "misleading",
