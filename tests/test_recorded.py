@@ -1,4 +1,5 @@
-"""recorded.show: labelled GPU results from docs/results, or one line saying none exist."""
+"""recorded.show: labelled GPU results from docs/results; until one exists, the published figure
+quoted for the key, or nothing (the maintainers' instruction stays in ``label``)."""
 
 import json
 
@@ -18,11 +19,31 @@ def _write(folder, name, date, results, schema=1):
     (folder / name).write_text(json.dumps(run))
 
 
-def test_nothing_recorded_says_so_in_one_line(tmp_path):
-    result = recorded.show("h2d_bandwidth", results_dir=tmp_path)
-    assert not result.found
-    assert str(result).startswith("No GPU run recorded yet for 'h2d_bandwidth'")
-    assert "\n" not in str(result)
+def test_nothing_recorded_shows_the_quoted_figure_or_nothing(tmp_path):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    from tutorial_utils import published
+
+    quoted = recorded.show("h2d_bandwidth", results_dir=tmp_path)
+    assert not quoted.found and quoted.quoted == published.show(recorded.QUOTED["h2d_bandwidth"])
+    assert str(quoted) == str(quoted.quoted) and str(quoted).startswith("Quoted, not run here")
+    assert "make gpu-check" in quoted.label  # for maintainers, never in a learner's output
+    silent = recorded.show("oom_message", results_dir=tmp_path)
+    assert "oom_message" not in recorded.QUOTED and silent.quoted is None and str(silent) == ""
+    InteractiveShell.instance()  # display() needs a shell
+    with capture_output() as shown:
+        silent._ipython_display_()
+        quoted._ipython_display_()
+    assert len(shown.outputs) == 1, "nothing for the silent key, one output for the quoted one"
+    assert "Quoted, not run here" in shown.outputs[0].data["text/plain"]
+
+
+def test_every_quoted_key_is_a_recorded_key_and_a_published_figure():
+    from tutorial_utils import published
+
+    assert set(recorded.QUOTED) <= set(recorded.KEYS)
+    assert set(recorded.QUOTED.values()) <= set(published.keys())
 
 
 def test_newest_run_wins_and_is_labelled_with_device_torch_and_date(tmp_path):

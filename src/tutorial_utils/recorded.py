@@ -4,10 +4,13 @@ A learner without a GPU still deserves to see what a GPU shows. ``make gpu-check
 machine writes one JSON file per run into ``docs/results/`` (named by device and date); the
 notebooks call ``recorded.show(key)`` next to a GPU-only cell, which returns the newest recorded
 result for that key as a value whose repr says, first, where and when it was measured. It never
-pretends to have just run, and when nothing was recorded it says so in one line.
+pretends to have just run. Until a run is recorded, a notebook shows the published figure
+quoted for that key (``QUOTED``: one of ``published.keys()``, with its hardware and source), or
+nothing at all: how a maintainer records a run is the maintainers' business (``label`` says it,
+for docs and tests), not a learner's.
 
->>> print(show("no_such_key", results_dir="/nonexistent"))  # doctest: +ELLIPSIS
-No GPU run recorded yet for 'no_such_key'...
+>>> print(repr(str(show("no_such_key", results_dir="/nonexistent"))))
+''
 
 The file format (``schema`` 1)::
 
@@ -54,6 +57,15 @@ KEYS: dict[str, str] = {
     "spike_test": "00: a short memory spike seen by the allocator, NVML, GPUtil and the gauge",
     "source_cost": "00: the cost of one reading from each gauge source",
     "inference_mode": "04: forward passes with grad, no_grad and inference_mode",
+}
+
+
+#: The published figure a notebook shows for a key until a GPU run of it is recorded (keys of
+#: ``published.json``). A key without one shows nothing until then.
+QUOTED: dict[str, str] = {
+    "allocator_vs_nvml": "cuda_context",
+    "amp_speed": "amp_speedup",
+    "h2d_bandwidth": "pin_then_copy",
 }
 
 
@@ -169,6 +181,15 @@ class Recorded:
         return bool(self.source)
 
     @property
+    def quoted(self):
+        """The published figure shown while no run is recorded (``QUOTED``), else None."""
+        if self.found or self.key not in QUOTED:
+            return None
+        from tutorial_utils import published
+
+        return published.show(QUOTED[self.key])
+
+    @property
     def label(self) -> str:
         if not self.found:
             return (
@@ -203,6 +224,8 @@ class Recorded:
         return "Skipped in docs/results (could not be read): " + "; ".join(self.skipped)
 
     def __str__(self) -> str:
+        if not self.found and not self.skipped:  # what a learner sees: the quote, or nothing
+            return str(self.quoted or "")
         lines = [self.label]
         if self.found:
             if self.title:
@@ -218,6 +241,15 @@ class Recorded:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: the run, the quoted figure until there is one, or nothing at all."""
+        from IPython.display import display
+
+        if self.found or self.skipped:
+            display({"text/plain": str(self), "text/html": self._repr_html_()}, raw=True)
+        elif self.quoted is not None:
+            display(self.quoted)
 
     def _repr_html_(self) -> str:
         esc = html.escape
