@@ -135,8 +135,8 @@ def test_the_rule_flags_a_silent_skip():
 # ------------------------------------------------------------------- asserts on text alone
 #: where an assert reads text, not behaviour: a docstring, a function's source or signature
 TEXT = re.compile(r"__doc__|getsource|inspect\.signature")
-#: issue 38 §3; 05 c15 and 07 c10 still assert on docstrings and source, and join when fixed
-TEXT_CHECKED = ("00", "01", "02", "03", "04", "11")
+#: issue 38 §3; 07 c10 still asserts on source, and joins when fixed
+TEXT_CHECKED = ("00", "01", "02", "03", "04", "05", "11")
 
 
 def text_asserts(source: str) -> list[str]:
@@ -389,6 +389,30 @@ def _picked_fp16_without_a_scaler():
         **{"layer": layer, "x": x, "reference": reference, "dev": "cpu"},
         **{k: getattr(common, k) for k in ("relative_gap", "sum_bound", "BF16_ROUNDING", "within")},
     }
+
+
+def _native_bf16_on_a_t4(monkeypatch, mutate=True):
+    """A T4 (capability 7.5) where PyTorch says no native bf16, and a capabilities() that
+    claims it anyway (``mutate``): 05 c15's GPU branch must catch the disagreement."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d=0: types.SimpleNamespace(major=7, minor=5)
+    )
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)  # emulated
+    dtype = torch.bfloat16 if mutate else torch.float16
+    caps = types.SimpleNamespace(
+        cuda=True,
+        name="Tesla T4",
+        compute_capability=(7, 5),
+        native_bf16=mutate,
+        amp_dtype=dtype,
+        grad_scaler=not mutate,
+    )
+    world = _picked_fp16_without_a_scaler()
+    world["devices"] = types.SimpleNamespace(capabilities=lambda: caps)
+    world["amp_choice"] = lambda **facts: (caps.amp_dtype, caps.grad_scaler)
+    return world
 
 
 def _autocast_that_does_nothing(monkeypatch):
@@ -1009,6 +1033,12 @@ MUTATIONS = {
         ("gap_picked = relative_gap(",),
         _picked_fp16_without_a_scaler,
     ),
+    "05 capabilities() claims native bf16 on a T4": (
+        "05",
+        ("gap_picked = relative_gap(",),
+        _native_bf16_on_a_t4,
+        "capabilities() and PyTorch disagree on native bf16",
+    ),
     "05 autocast saves nothing": (
         "05",
         ("def saved_for_backward(", "amp_checks.saved_for_backward("),
@@ -1048,6 +1078,7 @@ CONTROLS = {
     "00 a tick reads the peak, not the instant": _spike_ticks,
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
+    "05 capabilities() claims native bf16 on a T4": _native_bf16_on_a_t4,
 }
 
 
