@@ -32,10 +32,11 @@ class _CountOperators(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_operators(step: Callable[[], object]) -> collections.Counter[str]:
-    """``{ATen operator: calls}`` of one call of ``step()``, forward, backward and optimizer."""
+def count_operators(step: Callable[..., object], *args, **kwargs) -> collections.Counter[str]:
+    """``{ATen operator: calls}`` of one call of ``step(*args, **kwargs)``: forward, backward
+    (recomputation included) and the optimizer's step."""
     with _CountOperators() as mode:
-        step()
+        step(*args, **kwargs)
     return mode.counts
 
 
