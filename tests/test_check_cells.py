@@ -415,6 +415,30 @@ def _native_bf16_on_a_t4(monkeypatch, mutate=True):
     return world
 
 
+def _allocator_ignoring_the_new_name(monkeypatch, mutate=True, cuda=False):
+    """04 §4's read-back where this torch ignores ``PYTORCH_ALLOC_CONF`` (as CUDA does for
+    ``expandable_segments`` on 2.9.x): the children report what they took, the table says
+    2.13 reads both names, so the cell must fail (``mutate``) or pass (both taken)."""
+    real = load_file(NOTEBOOKS / "scripts" / "alloc_conf.py")
+
+    def read_back(name, setting="expandable_segments:True"):
+        took = not (mutate and name == "PYTORCH_ALLOC_CONF")
+        return {
+            "torch": torch.__version__,
+            "parsed": setting if took else "",
+            "expandable_segments": took if cuda else None,
+        }
+
+    module = types.SimpleNamespace(
+        NAMES=real.NAMES, read_back=read_back, expected_on_cuda=real.expected_on_cuda
+    )
+    return {"alloc_conf": module, "caps": types.SimpleNamespace(cuda=cuda)}
+
+
+def _cuda_allocator_ignoring_the_new_name(monkeypatch, mutate=True):
+    return _allocator_ignoring_the_new_name(monkeypatch, mutate, cuda=True)
+
+
 def _autocast_that_does_nothing(monkeypatch):
     """torch.autocast turned into a no-op: the autocast rows are fp32's, not the formula's."""
     import contextlib
@@ -1039,6 +1063,16 @@ MUTATIONS = {
         _native_bf16_on_a_t4,
         "capabilities() and PyTorch disagree on native bf16",
     ),
+    "04 the allocator ignores PYTORCH_ALLOC_CONF": (
+        "04",
+        ("alloc_conf.read_back(n)",),
+        _allocator_ignoring_the_new_name,
+    ),
+    "04 CUDA ignores PYTORCH_ALLOC_CONF": (
+        "04",
+        ("alloc_conf.read_back(n)",),
+        _cuda_allocator_ignoring_the_new_name,
+    ),
     "05 autocast saves nothing": (
         "05",
         ("def saved_for_backward(", "amp_checks.saved_for_backward("),
@@ -1079,6 +1113,8 @@ CONTROLS = {
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
     "05 capabilities() claims native bf16 on a T4": _native_bf16_on_a_t4,
+    "04 the allocator ignores PYTORCH_ALLOC_CONF": _allocator_ignoring_the_new_name,
+    "04 CUDA ignores PYTORCH_ALLOC_CONF": _cuda_allocator_ignoring_the_new_name,
 }
 
 
