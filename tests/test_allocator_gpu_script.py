@@ -80,3 +80,41 @@ def test_tensors_held_names_the_failed_calls_locals():
     del err
     gc.collect()  # caught()'s frame and its exception form a cycle
     assert held[0][2]() is None, "dropping the exception frees the frame's tensor"
+
+
+def _alloc_conf():
+    return load_file(SCRIPTS / "alloc_conf.py")
+
+
+@pytest.mark.parametrize(
+    ("version", "new", "old"),
+    [
+        ("2.8.0+cu128", None, True),
+        ("2.9.1+cu128", False, True),  # pytorch/pytorch#183387
+        ("2.10.0", None, True),
+        ("2.11.0+cu130", True, True),
+        ("2.13.0+cpu", True, True),
+    ],
+)
+def test_which_name_04_expects_cuda_to_read(version, new, old):
+    got = _alloc_conf().expected_on_cuda(version)
+    assert got == {"PYTORCH_ALLOC_CONF": new, "PYTORCH_CUDA_ALLOC_CONF": old}
+
+
+def test_growing_batch_sets_the_name_that_works_on_this_version():
+    want = _alloc_conf().expected_on_cuda(torch.__version__)
+    assert want[_module().ALLOC_CONF] is True
+
+
+@pytest.mark.slow
+def test_a_child_reads_back_each_name_and_only_that_one(monkeypatch):
+    """04 §4's read-back on this machine: the child's allocator config parsed the setting from
+    the one name set (the other removed from its environment, even if set here)."""
+    ac = _alloc_conf()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+    got = ac.read_back("PYTORCH_ALLOC_CONF", "expandable_segments:False")
+    assert got["torch"] == torch.__version__
+    if hasattr(torch._C, "_accelerator_getAllocatorSettings"):
+        assert got["parsed"] == "expandable_segments:False", got
+    with pytest.raises(ValueError, match="name must be one of"):
+        ac.read_back("PYTORCH_NO_SUCH_CONF")

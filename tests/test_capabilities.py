@@ -96,6 +96,29 @@ def test_a_t4_is_never_planned_with_bf16_even_though_torch_says_bf16_is_supporte
     assert not caps.expects_speedup("bf16 autocast")
 
 
+@pytest.mark.parametrize(("key", "emulated"), [("t4", True), ("h200", True), ("t4", False)])
+def test_05_is_bf16_supported_counts_emulation_and_capabilities_does_not(
+    fake_machine, monkeypatch, key, emulated
+):
+    """05 c15's claim, run: PyTorch's own ``is_bf16_supported`` (not mocked) on a mocked
+    device of compute capability 7.5 says True by default, because a bf16 tensor can be made
+    there (emulation), and False with ``including_emulation=False``; ``capabilities()`` follows
+    the second. From 8.0 both are True."""
+    want = fake_machine(key)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    made = []  # the probe PyTorch runs for emulation: can a bf16 tensor be made on the device?
+    monkeypatch.setattr(
+        torch.cuda, "_check_bf16_tensor_supported", lambda d: made.append(d) or emulated
+    )
+    native = want.compute_capability >= (8, 0)
+    assert torch.cuda.is_bf16_supported() is (native or emulated)
+    assert torch.cuda.is_bf16_supported(including_emulation=False) is native
+    assert made == ([] if native else [0]), "only below 8.0 does PyTorch probe for emulation"
+    caps = devices.capabilities()
+    assert caps.native_bf16 is native
+    assert caps.amp_dtype == (torch.bfloat16 if native else torch.float16)
+
+
 def test_hidden_gpus_give_the_cpu_plan(fake_machine, monkeypatch):
     fake_machine("h200")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

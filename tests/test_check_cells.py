@@ -135,8 +135,8 @@ def test_the_rule_flags_a_silent_skip():
 # ------------------------------------------------------------------- asserts on text alone
 #: where an assert reads text, not behaviour: a docstring, a function's source or signature
 TEXT = re.compile(r"__doc__|getsource|inspect\.signature")
-#: issue 38 §3; 05 c15 still asserts on a signature, and joins when fixed
-TEXT_CHECKED = ("00", "01", "02", "03", "04", "07", "11")
+#: issue 38 §3: every notebook it named
+TEXT_CHECKED = ("00", "01", "02", "03", "04", "05", "07", "11")
 
 
 def text_asserts(source: str) -> list[str]:
@@ -480,6 +480,54 @@ def _picked_fp16_without_a_scaler():
         **{"layer": layer, "x": x, "reference": reference, "dev": "cpu"},
         **{k: getattr(common, k) for k in ("relative_gap", "sum_bound", "BF16_ROUNDING", "within")},
     }
+
+
+def _native_bf16_on_a_t4(monkeypatch, mutate=True):
+    """A T4 (capability 7.5) where PyTorch says no native bf16, and a capabilities() that
+    claims it anyway (``mutate``): 05 c15's GPU branch must catch the disagreement."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d=0: types.SimpleNamespace(major=7, minor=5)
+    )
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)  # emulated
+    dtype = torch.bfloat16 if mutate else torch.float16
+    caps = types.SimpleNamespace(
+        cuda=True,
+        name="Tesla T4",
+        compute_capability=(7, 5),
+        native_bf16=mutate,
+        amp_dtype=dtype,
+        grad_scaler=not mutate,
+    )
+    world = _picked_fp16_without_a_scaler()
+    world["devices"] = types.SimpleNamespace(capabilities=lambda: caps)
+    world["amp_choice"] = lambda **facts: (caps.amp_dtype, caps.grad_scaler)
+    return world
+
+
+def _allocator_ignoring_the_new_name(monkeypatch, mutate=True, cuda=False):
+    """04 §4's read-back where this torch ignores ``PYTORCH_ALLOC_CONF`` (as CUDA does for
+    ``expandable_segments`` on 2.9.x): the children report what they took, the table says
+    2.13 reads both names, so the cell must fail (``mutate``) or pass (both taken)."""
+    real = load_file(NOTEBOOKS / "scripts" / "alloc_conf.py")
+
+    def read_back(name, setting="expandable_segments:True"):
+        took = not (mutate and name == "PYTORCH_ALLOC_CONF")
+        return {
+            "torch": torch.__version__,
+            "parsed": setting if took else "",
+            "expandable_segments": took if cuda else None,
+        }
+
+    module = types.SimpleNamespace(
+        NAMES=real.NAMES, read_back=read_back, expected_on_cuda=real.expected_on_cuda
+    )
+    return {"alloc_conf": module, "caps": types.SimpleNamespace(cuda=cuda)}
+
+
+def _cuda_allocator_ignoring_the_new_name(monkeypatch, mutate=True):
+    return _allocator_ignoring_the_new_name(monkeypatch, mutate, cuda=True)
 
 
 def _autocast_that_does_nothing(monkeypatch):
@@ -1195,6 +1243,22 @@ MUTATIONS = {
         ("gap_picked = relative_gap(",),
         _picked_fp16_without_a_scaler,
     ),
+    "05 capabilities() claims native bf16 on a T4": (
+        "05",
+        ("gap_picked = relative_gap(",),
+        _native_bf16_on_a_t4,
+        "capabilities() and PyTorch disagree on native bf16",
+    ),
+    "04 the allocator ignores PYTORCH_ALLOC_CONF": (
+        "04",
+        ("alloc_conf.read_back(n)",),
+        _allocator_ignoring_the_new_name,
+    ),
+    "04 CUDA ignores PYTORCH_ALLOC_CONF": (
+        "04",
+        ("alloc_conf.read_back(n)",),
+        _cuda_allocator_ignoring_the_new_name,
+    ),
     "05 autocast saves nothing": (
         "05",
         ("def saved_for_backward(", "amp_checks.saved_for_backward("),
@@ -1254,6 +1318,9 @@ CONTROLS = {
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
     "10 the 2-D mesh sends TP's traffic": _cluster_of_10,
+    "05 capabilities() claims native bf16 on a T4": _native_bf16_on_a_t4,
+    "04 the allocator ignores PYTORCH_ALLOC_CONF": _allocator_ignoring_the_new_name,
+    "04 CUDA ignores PYTORCH_ALLOC_CONF": _cuda_allocator_ignoring_the_new_name,
 }
 
 

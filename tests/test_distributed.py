@@ -621,7 +621,7 @@ def test_every_script_the_course_launches_is_in_the_clean_exit_test():
     not_launched |= {"capstone_ranks.py"}
     in_kernel = {"transfer_gpu.py", "cudnn_benchmark.py", "pipeline_timing.py", "reconcile.py"}
     in_kernel |= {"which_parallelism.py", "oom_message.py", "amp_checks.py", "start_here.py"}
-    in_kernel |= {"capstone_grader.py", "capstone_timing.py", "ddp_trace.py"}
+    in_kernel |= {"capstone_grader.py", "capstone_timing.py", "ddp_trace.py", "alloc_conf.py"}
     single = {"allocator_vs_nvml.py", "cuda_visible_devices.py", "amp_recipes.py"}
     launched = {p.name for p in SCRIPTS.glob("*.py")} - not_launched - in_kernel - single
     assert launched == set(COURSE_SCRIPTS)

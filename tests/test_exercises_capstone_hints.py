@@ -127,6 +127,7 @@ def test_out_of_memory_at_step_2_is_told_about_the_optimizer_state(budgets):
     first, second = _first_and_second(step, TIGHT)
     assert "step 2 ran out of memory (step 1 fit); your step: 4 forward passes" in first, first
     assert "with 4 micro-batches step 1 fit and step 2 did not" in first, first
+    assert "Adam's state" in first and "notebook 04 §5" in first, "points to where it is taught"
     assert "Fix: more micro-batches" in second, second
 
 

@@ -113,28 +113,57 @@ def test_samples_that_are_not_times_raise_one_sentence() -> None:
 
 
 def test_section_5s_sentences_follow_the_samples() -> None:
-    """06 §5 prints ``capstone_timing.verdict``: a direction only where every sample agrees,
-    the reason for that direction, and nothing that says which combination fits."""
+    """06 §5 prints ``capstone_timing.verdict``: a direction only where every sample agrees, a
+    reason derived from the counts and times it is given (no fixed table), and nothing that says
+    which combination fits."""
+    import collections
     import sys
     from pathlib import Path
-
-    import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
     from capstone_timing import verdict
 
-    cpu = torch.device("cpu")
     seconds = {
         "plain": [0.010, 0.011, 0.012],
         "checkpointing": [0.020, 0.021, 0.030],  # every sample slower
         "4 micro-batches": [0.005, 0.006, 0.009],  # every sample faster
         "bf16 autocast": [0.009, 0.013, 0.020],  # overlaps plain's
     }
-    said = {name: verdict(name, MiB, seconds, cpu) for name in seconds}
+    ops = {"plain": 1000, "checkpointing": 1300, "4 micro-batches": 2600, "bf16 autocast": 1100}
+    operators = {name: collections.Counter(mm=n) for name, n in ops.items()}
+    operators["bf16 autocast"] = collections.Counter(mm=1004, _to_copy=96)  # 1,100 in all
+    said = {name: verdict(name, MiB, seconds, operators) for name in seconds}
+    # checkpointing: 1.3x the operators, each 21/11/1.3 = 1.47x as long: the mean time moved more
     assert said["checkpointing"].endswith(
-        "slower in every round: " + "each encoder layer's forward runs again in backward"
+        "slower in every round, mostly from each operator's mean time (1.47x plain's)"
+    ), said["checkpointing"]
+    # micro-batches: 0.55x the time with 2.6x the operators: each took 0.21x as long
+    assert said["4 micro-batches"].endswith(
+        "faster in every round, mostly from each operator's mean time (0.21x plain's)"
+    ), said["4 micro-batches"]
+    assert (
+        "1,100 operators" in said["bf16 autocast"] and "(96 of them casts)" in said["bf16 autocast"]
     )
-    assert "faster in every round: smaller operators" in said["4 micro-batches"]
-    assert "no difference that holds" in said["bf16 autocast"]
+    assert said["bf16 autocast"].endswith("no difference that holds")
     assert "every round" not in said["bf16 autocast"] and "every round" not in said["plain"]
     assert not any("fit" in line for line in said.values())
+
+
+def test_more_operators_are_named_when_they_moved_more() -> None:
+    """Twice the operators at the same mean time: the count is the factor named."""
+    import collections
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
+    from capstone_timing import count_operators, verdict
+
+    seconds = {"plain": [0.010, 0.010], "twice": [0.020, 0.020]}
+    operators = {"plain": collections.Counter(mm=500), "twice": collections.Counter(mm=1000)}
+    assert verdict("twice", MiB, seconds, operators).endswith(
+        "slower in every round, mostly from the number of operators (2.00x plain's)"
+    )
+    import torch
+
+    counted = count_operators(lambda: torch.ones(2).add(1).sum())
+    assert counted["ones"] == 1 and counted["add"] == 1 and counted["sum"] == 1, counted

@@ -291,6 +291,7 @@ def _clinic(shape: tuple[int, int, int, int] | None = None, k: int | None = None
     from tutorial_utils.units import format_bytes
 
     caps = devices.Capabilities.machine("cpu")
+    torch.manual_seed(0)  # the head's weights come from the global generator: not test order
     ns = {"torch": torch, "nn": nn, "models": models, "memory": memory, "caps": caps}
     ns.update(device=torch.device("cpu"), dev="cpu", checkpoint=checkpoint)
     ns.update(format_bytes=format_bytes, **world)

@@ -625,6 +625,25 @@ def test_by_hand_summary_blames_a_shared_core():
     assert "had a core for only 50%" in text and "took turns" in text, text
 
 
+def test_by_hand_summary_explains_a_larger_m_that_was_slower():
+    """08 c20: m=4 overlapped, m=8 paid more CPU time and longer gaps between computations; the
+    summary says so for m=8 too, from the numbers, and best_pipeline picks m=4."""
+    pt = _pipeline_timing()
+    one = ([("F", 0, 0.0, 1.0, 1.0)], 1.0)  # 2 s: rank 1 starts when rank 0 ends
+    four = ([("F", i, 0.25 * i, 0.25 * i + 0.25, 0.25) for i in range(4)], 0.25)  # 1.25 s
+    eight = (  # 8 slices of 0.2 s CPU (1.6x one batch), each followed by a 0.1 s gap: 2.6 s
+        [("F", i, 0.3 * i, 0.3 * i + 0.2, 0.2) for i in range(8)],
+        0.3,
+    )
+    reports = _by_hand_reports({1: one, 4: four, 8: eight})
+    text = pt.by_hand_summary(reports)
+    assert pt.best_pipeline(reports) == 4
+    assert "the best pipeline, m=4, took 0.62x" in text, text
+    assert "m=8 took 1.30x (formula 0.56x)" in text, text
+    assert "8 micro-batches cost 1.60x the CPU time of one batch" in text, text
+    assert "From m=4 to m=8 the formula saves" in text and "took 1350 ms longer" in text, text
+
+
 def test_held_activations_count_one_microbatch_per_forward_until_backward():
     """What notebook 08's check rests on: the saved-tensor hook books each micro-batch's
     activations once, holds them until its backward, and frees them all after."""

@@ -175,6 +175,13 @@ def test_06_section_5_does_not_say_which_combination_fits():
     assert out and "fits" not in out and "of budget" not in out, out
 
 
+def test_06_section_5_measures_costs_without_comparing_them_to_the_budget():
+    """Issue 38 §6: §5 sits under "Your turn"; its checks say what each technique costs, and
+    which combination fits ``BUDGET`` stays exercise 1's question."""
+    (peaks,) = [c for c in _cells("06") if "measure_combinations(" in "".join(c["source"])]
+    assert "BUDGET" not in "".join(peaks["source"])
+
+
 def test_the_issue_31_rules_flag_what_they_should():
     hidden = {"jupyter": {"source_hidden": True}}
     plan = {

@@ -1,6 +1,6 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 113 wrong answers: 96 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
+This file holds 114 wrong answers: 97 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
 they launch real ranks) and 17 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
@@ -346,6 +346,14 @@ def _evaluate_over_samples(model, batches):
         for x, y in batches:
             total += nn.functional.cross_entropy(model(x), y).item()
     return total / sum(len(y) for _, y in batches)  # mean losses divided by samples
+
+
+def _evaluate_sum_not_mean(model, batches):
+    total = 0.0
+    with torch.no_grad():
+        for x, y in batches:
+            total += nn.functional.cross_entropy(model(x), y).item()
+    return total  # the batches' losses added up, never averaged
 
 
 def _largest_retries_inside_except(try_step, batch_size):
@@ -953,7 +961,13 @@ PLAIN = [
         "oom.check_evaluate",
         "divided by the samples, not the batches",
         lambda: oom.check_evaluate(_evaluate_over_samples),
-        ("divided by the samples",),
+        ("divided by the samples", "divide the sum"),
+    ),
+    Mistake(
+        "oom.check_evaluate",
+        "the batches' losses added up, not averaged",
+        lambda: oom.check_evaluate(_evaluate_sum_not_mean),
+        ("the mean loss is not right", "each batch's mean loss", "divide the sum"),
     ),
     # 04 exercise 2: retry with a smaller batch
     Mistake(
@@ -1544,6 +1558,16 @@ def test_every_plain_mistake_is_refused_with_a_hint_at_it(case):
     )
     missing = [word for word in case.says if word not in shown]
     assert not missing, f"the first feedback does not point at the mistake ({missing}): {shown}"
+
+
+def test_04_a_loss_not_averaged_gets_a_hint_at_the_averaging_not_the_graph():
+    """Issue 38 §6: a float that is the sum of the batches' losses keeps no graph, so the first
+    hint is about averaging; a tensor that keeps the graph still gets the graph's hint."""
+    summed = repr(oom.check_evaluate(_evaluate_sum_not_mean))
+    assert "divide the sum" in summed and "keep alive" not in summed, summed
+    reset_attempts()
+    kept = repr(oom.check_evaluate(_evaluate_item_once_at_the_end))
+    assert "keep alive" in kept and "divide the sum" not in kept, kept
 
 
 @pytest.mark.parametrize("name", list(TRICKS))

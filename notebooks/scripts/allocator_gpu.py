@@ -64,9 +64,9 @@ def snapshot_live_blocks(work: Callable[[], object], path: str | os.PathLike) ->
     return sorted(live, key=lambda block: block["size"], reverse=True)
 
 
-# the variable's name: PYTORCH_ALLOC_CONF since PyTorch 2.9, which still reads the older one
+# PYTORCH_ALLOC_CONF from 2.11; on 2.9.x CUDA ignores it for expandable_segments (alloc_conf.py)
 _VERSION = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-ALLOC_CONF = "PYTORCH_ALLOC_CONF" if _VERSION >= (2, 9) else "PYTORCH_CUDA_ALLOC_CONF"
+ALLOC_CONF = "PYTORCH_ALLOC_CONF" if _VERSION >= (2, 11) else "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def growing_batch(setting: str | None, timeout_s: float = 300) -> dict:

@@ -17,6 +17,7 @@ from torch import nn
 
 __all__ = [
     "bubble",
+    "best_pipeline",
     "by_hand_summary",
     "draw_timeline",
     "gpipe_schedule",
@@ -24,6 +25,7 @@ __all__ = [
     "make_stages",
     "measured_steps",
     "median_step",
+    "neither_computing",
     "overlap_seconds",
     "replay",
     "span",
@@ -131,10 +133,28 @@ def median_step(reports: dict, m: int) -> list:
     return steps[len(steps) // 2]
 
 
+def neither_computing(events) -> float:
+    """Seconds of the step in which no stage computed: sends, receives, and waiting for them."""
+    busy, end = 0.0, None
+    for start, stop in sorted((e[3], e[4]) for e in events):
+        if end is None or start > end:
+            busy, end = busy + stop - start, stop
+        elif stop > end:
+            busy, end = busy + stop - end, stop
+    return span(events) - busy
+
+
+def best_pipeline(reports: dict) -> int:
+    """The m > 1 of pipeline_by_hand.py whose median step was the shortest."""
+    ms = [int(m) for m in reports[0]["runs"]][1:]
+    return min(ms, key=lambda m: statistics.median(map(span, measured_steps(reports, m))))
+
+
 def by_hand_summary(reports: dict) -> str:
-    """pipeline_by_hand.py's timing per m (medians over the timed steps) as a table, and a
-    sentence that says, from these numbers, how the best pipeline compares with the formula
-    and why: whether the ranks had a core each, and what the smaller products cost."""
+    """pipeline_by_hand.py's timing per m (medians over the timed steps) as a table, and
+    sentences that say, from these numbers, how each pipeline compares with the formula and
+    why: whether the ranks had a core each, what the smaller products cost in CPU time, and how
+    long neither stage computed (the sends and receives, paid once per micro-batch)."""
 
     def per_step(m, f):
         return statistics.median(f(ev) for ev in measured_steps(reports, m))
@@ -147,54 +167,93 @@ def by_hand_summary(reports: dict) -> str:
 
     ms = [int(m) for m in reports[0]["runs"]]
     step = {m: per_step(m, span) for m in ms}
-    work = {m: per_step(m, compute_cpu) / per_step(ms[0], compute_cpu) for m in ms}
+    cpu = {m: per_step(m, compute_cpu) for m in ms}
+    work = {m: cpu[m] / cpu[ms[0]] for m in ms}
     share = {m: per_step(m, core_share) for m in ms}
     overlap = {m: per_step(m, lambda ev: overlap_seconds(ev) / span(ev)) for m in ms}
+    idle = {m: per_step(m, neither_computing) for m in ms}
     lines = [
-        "p=2   bubble    step time, x m=1's         stages         compute CPU   had a core",
-        "      formula   formula  measured (ms)     overlapping    x m=1's       while computing",
+        "p=2   bubble    step time, x m=1's       stages        compute CPU  had a core  neither",
+        "      formula   formula  measured (ms)   overlapping   x m=1's      computing   computing",
     ]
     for m in ms:
         lines.append(
             f"m={m:<2}  {bubble(2, m):7.2f}   {(m + 1) / (2 * m):7.2f}  {step[m] / step[1]:6.2f}"
-            f" ({step[m] * 1e3:4.0f})   {overlap[m]:9.0%}   {work[m]:12.2f}   {share[m]:11.0%}"
+            f" ({step[m] * 1e3:4.0f})  {overlap[m]:8.0%}   {work[m]:11.2f}  {share[m]:9.0%}"
+            f"  {idle[m] * 1e3:6.1f} ms"
         )
-    best = min(ms[1:], key=step.get)
-    ratio, ideal = step[best] / step[1], (best + 1) / (2 * best)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    why = []
-    if reports[0]["device"] != "cpu":
-        why.append(f"the ranks ran on {reports[0]['device']} devices (CPU time says nothing there)")
-    elif share[best] < 0.8:
-        why.append(
-            f"the ranks had a core for only {share[best]:.0%} of the time they were computing: "
-            f"this machine has {cores} cores and a load average of {os.getloadavg()[0]:.1f} "
-            "(processes wanting a core, these two included), so the stages often took turns "
-            "instead of overlapping"
-        )
-    if work[best] > 1.15:
-        why.append(
-            f"{best} micro-batches cost {work[best]:.2f}x the CPU time of one batch (smaller "
-            "products, timed below)"
-        )
-    if not why:
-        if ratio < 0.9:
-            rest = (
-                "so the stages overlapped; the rest of the gap is what the formula leaves out: "
-                "the sends and receives, and stages of unequal cost"
+
+    def why(m: int) -> list[str]:
+        ratio, reasons = step[m] / step[1], []
+        if reports[0]["device"] != "cpu":
+            return [
+                f"the ranks ran on {reports[0]['device']} devices (CPU time says nothing there)"
+            ]
+        if share[m] < 0.8:
+            reasons.append(
+                f"the ranks had a core for only {share[m]:.0%} of the time they were computing, "
+                "so the stages often took turns instead of overlapping"
             )
-        else:
-            rest = (
-                "yet the step shrank by less than a tenth"
-                if ratio < 1
-                else "yet the step did not shrink"
-            ) + ": the sends and receives cost about what the overlap saved"
-        why.append(
-            f"each rank had its core ({share[best]:.0%} of its compute time) and {best} "
-            f"micro-batches cost {work[best]:.2f}x the batch's CPU time, {rest}"
+        if work[m] > 1.15:
+            reasons.append(
+                f"{m} micro-batches cost {work[m]:.2f}x the CPU time of one batch (smaller "
+                f"products, timed below: {(cpu[m] - cpu[1]) / (m - 1) * 1e3:.1f} ms more per "
+                "extra micro-batch)"
+            )
+        if idle[m] > 0.15 * step[m]:
+            reasons.append(
+                f"for {idle[m] / step[m]:.0%} of the step neither stage computed (the sends and "
+                f"receives and the waits for them, {idle[m] / m * 1e3:.1f} ms per micro-batch)"
+            )
+        if not reasons:
+            if ratio < 0.9:
+                rest = (
+                    "so the stages overlapped; the rest of the gap is what the formula leaves "
+                    "out: the sends and receives, and stages of unequal cost"
+                )
+            else:
+                rest = (
+                    "yet the step shrank by less than a tenth"
+                    if ratio < 1
+                    else "yet the step did not shrink"
+                ) + ": the sends and receives cost about what the overlap saved"
+            reasons.append(
+                f"each rank had its core ({share[m]:.0%} of its compute time) and {m} "
+                f"micro-batches cost {work[m]:.2f}x the batch's CPU time, {rest}"
+            )
+        return reasons
+
+    best = best_pipeline(reports)
+    text = [
+        f"Here the best pipeline, m={best}, took {step[best] / step[1]:.2f}x the time of m=1, "
+        f"where the formula (equal stages, free communication) gives {(best + 1) / (2 * best):.2f}x"
+        ": " + "; and ".join(why(best)) + "."
+    ]
+    if any(share[m] < 0.8 for m in ms):
+        text.append(
+            f"This machine has {cores} cores and a load average of {os.getloadavg()[0]:.1f} "
+            "(processes wanting a core, these two included)."
         )
-    lines.append(
-        f"\nHere the best pipeline, m={best}, took {ratio:.2f}x the time of m=1, where the formula "
-        f"(equal stages, free communication) gives {ideal:.2f}x: " + "; and ".join(why) + "."
-    )
-    return "\n".join(lines)
+    for m in ms[1:]:
+        if m == best:
+            continue
+        text.append(
+            f"m={m} took {step[m] / step[1]:.2f}x (formula {(m + 1) / (2 * m):.2f}x): "
+            + "; and ".join(why(m))
+            + "."
+        )
+        grew = {
+            "smaller products: the two ranks' CPU time": cpu[m] - cpu[best],
+            "one more send and receive each: the time neither stage computed": idle[m] - idle[best],
+        }
+        grew = {what: seconds for what, seconds in grew.items() if seconds > 0}
+        if m > best and step[m] > step[best] and grew:
+            saves = step[1] * ((best + 1) / (2 * best) - (m + 1) / (2 * m))
+            text.append(
+                f"From m={best} to m={m} the formula saves {saves * 1e3:.0f} ms of the step, "
+                "yet each micro-batch has a cost of its own that grew with m ("
+                + ", ".join(f"{what} grew by {sec * 1e3:.0f} ms" for what, sec in grew.items())
+                + f"), and the step took {(step[m] - step[best]) * 1e3:.0f} ms longer."
+            )
+    return "\n".join(lines) + "\n\n" + "\n".join(text)

@@ -429,8 +429,8 @@ def _advice(profile: _Profile | None, oom_step: int | None) -> tuple[str, str]:
     if oom_step is not None and oom_step > 1:
         return (
             f"with {how} step 1 fit and step {oom_step} did not: what exists from step 2 on "
-            "that step 1 did not have? (Adam's state, made by the first optimizer.step(): 2 "
-            "floats per parameter.) The activations alive at once must shrink further",
+            "that step 1 did not have? (Adam's state, made by the first optimizer.step(): "
+            "notebook 04 §5, bug 1.) The activations alive at once must shrink further",
             more,
         )
     done = "with checkpointing, " if profile.checkpointed else ""

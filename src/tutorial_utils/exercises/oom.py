@@ -200,6 +200,12 @@ def check_evaluate(evaluate: Callable[..., Any], device: str | torch.device = "c
         else "the mean loss is not right",
     )
     del result
+    if not fb.passed and all(b.startswith("the mean loss") for b in fb.briefs):
+        # only the number is wrong (a float, no graph kept): the hint is about averaging
+        fb.hints = [
+            "cross_entropy gives each batch's mean loss: to average over the batches, what do "
+            "you divide the sum of those losses by?"
+        ]
     if fb.passed:
         fb.expect(
             kept_while_alive == 0,
