@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import Feedback, checker
-from .answers import Given, describe, whole_number
+from .answers import Given, describe, finite_number, tensor_number, whole_number
 
 __all__ = [
     "MIN_COMPRESSION_RATE",
@@ -175,6 +175,9 @@ def check_to_float8(to_float8: Callable[[torch.Tensor], tuple]) -> Feedback:
     of ``x``, and ``scale_inv`` a float32 number (or 1-element tensor) with ``x8.float() *
     scale_inv`` equal to ``x`` within one e4m3 rounding of each element, on four tensors."""
     inputs = _inputs()
+    f8_max = torch.finfo(F8).max
+    # the reference casts, before any learner's code runs
+    right = {name: (x * (f8_max / x.abs().max())).to(F8).float() for name, x in inputs.items()}
     fb = Feedback("to_float8(x) casts x to float8_e4m3fn with a tensor-wise scale")
     fb.hint(
         "e4m3 holds magnitudes from about 0.002 to 448: before casting, multiply x so that its "
@@ -188,7 +191,7 @@ def check_to_float8(to_float8: Callable[[torch.Tensor], tuple]) -> Feedback:
         call = f"to_float8(x) on {name}"
         got = fb.run(call, to_float8, Given("x", x), returns=tuple)
         fb.require(
-            len(got) == 2 and isinstance(got[0], torch.Tensor),
+            len(got) == 2 and type(got[0]) is torch.Tensor,
             f"{call} returned {describe(got)}: return a pair (x8, scale_inv)",
             brief="to_float8 does not return a pair (x8, scale_inv)",
         )
@@ -199,13 +202,16 @@ def check_to_float8(to_float8: Callable[[torch.Tensor], tuple]) -> Feedback:
             f"torch.float8_e4m3fn of shape {tuple(x.shape)}",
             brief="x8 is not x's shape in torch.float8_e4m3fn",
         )
-        s = scale_inv if isinstance(scale_inv, torch.Tensor) else torch.tensor(scale_inv)
+        if isinstance(scale_inv, torch.Tensor):  # a plain one-element tensor, read as a float
+            plain = type(scale_inv) is torch.Tensor and scale_inv.is_floating_point()
+            s_value = tensor_number(scale_inv) if plain else None
+        else:
+            s_value = finite_number(scale_inv)
         fb.require(
-            s.numel() == 1 and s.is_floating_point() and bool(torch.isfinite(s).all()) and s > 0,
+            s_value is not None and s_value > 0,
             f"{call}: scale_inv is {describe(scale_inv)}; it must be one positive finite number",
             brief="scale_inv is not one positive number",
         )
-        s_value = float(s.reshape(()).float())
         x8_float = x8.float()
         fb.require(
             not bool(torch.isnan(x8_float).any()),
@@ -221,9 +227,9 @@ def check_to_float8(to_float8: Callable[[torch.Tensor], tuple]) -> Feedback:
             brief="most values flushed to zero",
         )
         off = (back - x).abs() - _error_bound(x, s_value)
-        clamped = int((x8_float.abs() == torch.finfo(F8).max).sum())
+        clamped = int((x8_float.abs() == f8_max).sum())
         fb.require(
-            off.max().item() <= 0 or clamped <= int((x.abs() == x.abs().max()).sum()),
+            off.max().item() <= 0 or clamped <= int((right[name].abs() == f8_max).sum()),
             f"{call}: {clamped} values of x8 sit at e4m3's largest, 448: x * scale went past it "
             "and the cast clamped them (their size is lost); the scale must bring the largest "
             "|x| to 448, not beyond",
