@@ -146,3 +146,23 @@ def test_the_learners_tensor_is_a_copy():
 
     fb = check_to_float8(in_place)
     assert not fb.passed and "changed" in fb.report(), fb.report()
+
+
+def test_the_scripts_placement_is_the_checkers_answer():
+    """notebooks/scripts/pipeline_schedules.py places the stages the run of section 4 checked;
+    exercise 3's reference must be that placement, for every world the checker tries."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
+    import pipeline_schedules
+
+    from tutorial_utils.exercises.fewer_bytes import _WORLDS, _stage_reference
+
+    for world in _WORLDS:
+        for rank in range(world):
+            for style in ("loop", "v"):
+                assert pipeline_schedules.stage_ids(rank, world, style) == _stage_reference(
+                    rank, world, style
+                )
+    assert check_stage_ids(pipeline_schedules.stage_ids).passed
