@@ -372,3 +372,14 @@ def test_resolve_honours_tutorial_device_and_refuses_what_is_not_allowed(monkeyp
         devices.resolve("cpu", allowed=("cuda",), purpose="memory.measure")
     with pytest.raises(ValueError, match="allowed must list"):
         devices.resolve("cpu", allowed=("tpu",))
+
+
+# ---------------------------------------------------------------------------------------- 13
+
+
+@pytest.mark.parametrize("key", ALL)
+def test_13_fp8_matmul_from_compute_capability_8_9_on(fake_machine, key):
+    """Notebook 13's guarded FP8 cell runs ``torch._scaled_mm`` on CUDA only where FP8 Tensor
+    Cores exist: the H100 and H200 here, not a T4, V100, A100, MPS or the CPU."""
+    fake_machine(key)
+    assert devices.capabilities().fp8_matmul == (key in ("h100", "h200"))

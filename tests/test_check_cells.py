@@ -1032,6 +1032,163 @@ def _oom_lab(message: str | None):
     }
 
 
+# ------------------------------------------------------------------- 13: fewer bytes
+PSI_13, SHAPES_13 = 131_584, [[256, 256], [256], [256, 256], [256]]
+PSGD_13 = 4 * (512 + 1 * (512 + 512))  # biases whole, P and Q of the two 256 x 256 weights
+
+
+def _fewer_bytes_reports(mutate: str | None = None) -> dict:
+    """Notebook 13's ``run`` (scripts/fewer_bytes.py on 2 ranks) as the run reported it, with
+    one claim broken by ``mutate``: "fp16 sends fp32", "no error feedback" (the mean applied
+    gradient stays as far from G as one step), "fp8 gathered in bf16", "logits gathered"."""
+    hooks = {
+        "psi": PSI_13,
+        "bf16_compress_hook": "TypeError: BF16 all reduce communication hook required CUDA 11+",
+        "allreduce_hook (fp32)": {
+            "calls": [["all_reduce", "float32", 4 * PSI_13]],
+            "gap": 2e-7,
+            "tol": 4e-5,
+        },
+        "fp16_compress_hook": {
+            "calls": [["all_reduce", "float16", 2 * PSI_13]],
+            "gap": 4e-4,
+            "bound": 1e-3,
+            "exact": True,
+        },
+        "bf16 (_compress_hook)": {
+            "calls": [["all_reduce", "bfloat16", 2 * PSI_13]],
+            "gap": 3e-3,
+            "bound": 8e-3,
+            "exact": True,
+        },
+    }
+    if mutate == "fp16 sends fp32":
+        hooks["fp16_compress_hook"]["calls"] = [["all_reduce", "float32", 4 * PSI_13]]
+    gaps = [0.64 / t for t in range(1, 17)]
+    if mutate == "no error feedback":
+        gaps = [0.64] * 16
+    hooks["powerSGD"] = {
+        "steps": [{"bytes": 4 * PSI_13, "calls": 1}] * 2
+        + [{"bytes": PSGD_13, "calls": 3, "one_step_gap": 0.9, "mean_gap": g} for g in gaps],
+        "feedback_gap": 3e-7,
+        "feedback_tol": 4e-5,
+        "shapes": SHAPES_13,
+        "error_bytes": 4 * PSI_13,
+        "pq_bytes": 4 * 1024,
+    }
+    shard = 65_536 // 2
+    fp8 = {"calls": [["all_reduce", "float32", 4], ["all_gather", "uint8", shard]]}
+    if mutate == "fp8 gathered in bf16":
+        fp8["calls"][1] = ["all_gather", "bfloat16", 2 * shard]
+    fp8.update(numel=65_536, exact=True)
+    b, s, v, h = 2, 16, 128, 32
+    loss = {
+        "local_logits": [b, s, v // 2],
+        "forward": {"tp all_reduce": {"calls": 3, "bytes": 3 * 4 * b * s}},
+        "backward": {"tp all_reduce": {"calls": 1, "bytes": 4 * b * s * h}},
+        "gather": {"tp all_gather_into_tensor": {"calls": 1, "bytes": 4 * b * s * v}},
+        **{"loss_gap": 0.0, "loss_tol": 2e-5, "grad_gap": 2e-7, "grad_tol": 2e-5},
+    }
+    if mutate == "logits gathered":
+        loss["forward"] = loss["gather"]
+    report = {"world": 2, "hooks": hooks, "fp8": fp8, "loss_parallel": loss}
+    return {"run": types.SimpleNamespace(reports={0: report, 1: report})}
+
+
+def _fewer_bytes_world(mutate: str | None = None) -> dict:
+    """What 13's check cells read besides ``run``: the names its earlier cells define."""
+    world = _fewer_bytes_reports(mutate)
+    world.update(
+        psi=PSI_13,
+        HOOKS=["allreduce_hook (fp32)", "fp16_compress_hook", "bf16 (_compress_hook)"],
+        hook_formula={
+            "allreduce_hook (fp32)": 4 * PSI_13,
+            "fp16_compress_hook": 2 * PSI_13,
+            "bf16 (_compress_hook)": 2 * PSI_13,
+        },
+        psgd_formula=PSGD_13,
+        matrices=[(256, 256), (256, 256)],
+        b_=2,
+        s_=16,
+        vocab=128,
+        world=2,
+    )
+    return world
+
+
+def _schedules_world(v_sends_as_a_loop: bool = False) -> dict:
+    """13's ``pipes`` (scripts/pipeline_schedules.py) as reported; with ``v_sends_as_a_loop``,
+    the V schedules send across the turn of the V too (their stages placed as a loop)."""
+    m, act = 4, 131_072
+    runs = {}
+    for name, style in (
+        ("Interleaved1F1B", "loop"),
+        ("LoopedBFS", "loop"),
+        ("InterleavedZeroBubble", "loop"),
+        ("ZBVZeroBubble", "v"),
+        ("DualPipeV", "v"),
+    ):
+        crossing = 3 if style == "loop" or v_sends_as_a_loop else 2
+        peak = 9 if name == "LoopedBFS" else 6
+        runs[name] = {
+            "grad_gap": 2e-7,
+            "grad_tol": 5e-4,
+            "sent_bytes": 2 * m * act * crossing // 2,
+            "peak_bytes": peak * 393_216,
+        }
+    report = {"world": 2, "m": m, "stages": 4, "activation_bytes": act, "runs": runs}
+    return {
+        "p0": report,
+        "pipes": types.SimpleNamespace(reports={0: report, 1: report}),
+        "m": m,
+        "act": act,
+        "crossing": {"loop": 3, "v": 2},
+        "style": lambda name: "v" if name in ("ZBVZeroBubble", "DualPipeV") else "loop",
+    }
+
+
+def _fp8_cast_world(scaled: bool = True) -> dict:
+    """13's FP8 check with its tensors; without ``scaled``, ``a`` is cast with no scale."""
+    f8 = torch.float8_e4m3fn
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 128, generator=g) * 1e-5, torch.randn(128, 32, generator=g) * 1e-5
+    sa = (a.abs().max() / torch.finfo(f8).max) if scaled else torch.tensor(1.0)
+    a8 = (a / sa).to(f8)
+    err = ((a8.float() * sa) @ b - a @ b).abs()
+    return {
+        "F8": f8,
+        "small": torch.full((4,), 1e-5),
+        "a": a,
+        "a8": a8,
+        "err_fp8": err,
+        "bound_fp8": err + 1,
+    }
+
+
+FEWER_HOOKS = ('assert rep["hooks"]["bf16_compress_hook"].startswith("TypeError"), rank',)
+FEWER_PSGD = ('assert p["feedback_gap"] < p["feedback_tol"], (rank, p["feedback_gap"])',)
+FEWER_FP8 = ('assert f["exact"], (rank, "the gathered float8 weight',)
+FEWER_LOSS = ('assert r["local_logits"] == [b_, s_, vocab // world], rank',)
+FEWER_PIPES = ('assert r["sent_bytes"] == 2 * m * act * crossing[style(name)] // world',)
+FEWER_CAST = ("assert (err_fp8 <= bound_fp8).all()",)
+
+
+@pytest.mark.parametrize(
+    "markers, world",
+    [
+        (FEWER_HOOKS, _fewer_bytes_world),
+        (FEWER_PSGD, _fewer_bytes_world),
+        (FEWER_FP8, _fewer_bytes_world),
+        (FEWER_LOSS, _fewer_bytes_world),
+        (FEWER_PIPES, _schedules_world),
+        (FEWER_CAST, _fp8_cast_world),
+    ],
+)
+def test_13_checks_pass_in_the_world_that_was_measured(markers, world):
+    """The controls for 13's mutations: the same cells pass on the reports as measured."""
+    _run("13", markers, world())
+
+
 MOVE_CELL = ("moving 64 MiB costs time", "fresh = x.to(run_on, copy=True)")
 PLAYBOOK_CHECK = ("the Playbook counts GPT-2 less its position table",)
 CALCULATOR_CHECK = ("the calculator's states are a real step's",)
@@ -1274,6 +1431,32 @@ MUTATIONS = {
         ("torch.isnan(fresh)", '"switched back off"'),
         _deterministic_mode_does_nothing,
     ),
+    "13 fp16_compress_hook sends fp32": (
+        "13",
+        FEWER_HOOKS,
+        lambda: _fewer_bytes_world("fp16 sends fp32"),
+    ),
+    "13 PowerSGD without error feedback": (
+        "13",
+        FEWER_PSGD,
+        lambda: _fewer_bytes_world("no error feedback"),
+    ),
+    "13 the float8 all-gather sends bf16": (
+        "13",
+        FEWER_FP8,
+        lambda: _fewer_bytes_world("fp8 gathered in bf16"),
+    ),
+    "13 loss_parallel gathers the logits": (
+        "13",
+        FEWER_LOSS,
+        lambda: _fewer_bytes_world("logits gathered"),
+    ),
+    "13 a V schedule sends across its turn": (
+        "13",
+        FEWER_PIPES,
+        lambda: _schedules_world(v_sends_as_a_loop=True),
+    ),
+    "13 FP8 cast without a scale": ("13", FEWER_CAST, lambda: _fp8_cast_world(scaled=False)),
     "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
     "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
     "10 the cluster counts fused attention as explicit": (

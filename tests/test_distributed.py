@@ -606,6 +606,8 @@ COURSE_SCRIPTS = {
     "track_runs.py": [],  # 10 §4: zero_stages.py and pipeline_gpipe.py in one launch
     "ddp_seen.py": ["--trace-dir", "{tmp}", "--time-step"],  # 07 §4, then §5's timings
     "ddp_step_time.py": [],  # 07 runs its measurement inside ddp_seen.py; alone, for a terminal
+    "fewer_bytes.py": [],  # 13 §1-3
+    "pipeline_schedules.py": [],  # 13 §4
 }
 NPROC = {"mesh_2d.py": 4}  # a 2 x 2 mesh; every other script runs on 2 ranks
 EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))

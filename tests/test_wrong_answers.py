@@ -1,6 +1,6 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 114 wrong answers: 97 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
+This file holds 123 wrong answers: 106 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
 they launch real ranks) and 17 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
@@ -59,6 +59,7 @@ from tutorial_utils.exercises import (
     capstone,
     checker,
     creating,
+    fewer_bytes,
     moving,
     oom,
     parallel,
@@ -660,6 +661,43 @@ def _batch_rows_by_tp_size(x, dp, tp, dp_size, tp_size):
 
 def _one_group_gets_everything(x, dp, tp, dp_size, tp_size):
     return x if dp == 0 else x[:0]
+
+
+# --- 13 fewer bytes ---------------------------------------------------------------------------
+
+
+def _powersgd(**mistake):
+    """powersgd_bytes with one plain mistake (``fewer_bytes.powersgd_reference``'s keywords)."""
+    return lambda shapes, rank: fewer_bytes.powersgd_reference(shapes, rank, **mistake)
+
+
+def _powersgd_rank_times_matrix(shapes, rank):
+    return 4 * sum(rank * s[0] * s[-1] if len(s) > 1 else s[0] for s in shapes)  # n m r
+
+
+_F8 = torch.float8_e4m3fn
+
+
+def _float8_unscaled(x):
+    return x.to(_F8), torch.tensor(1.0)  # no scale: small values flush to zero
+
+
+def _float8_scale_not_inverted(x):
+    scale = torch.finfo(_F8).max / x.abs().max()
+    return (x * scale).to(_F8), scale.float()  # hands back the scale, not its inverse
+
+
+def _float8_amax_without_abs(x):
+    scale = torch.finfo(_F8).max / x.max()  # the largest value, not the largest magnitude
+    return (x * scale).to(_F8), (1 / scale).float()
+
+
+def _stages_side_by_side(rank, world, style):
+    return [2 * rank, 2 * rank + 1]  # each rank two neighbouring stages, whatever the style
+
+
+def _stages_v_off_by_one(rank, world, style):
+    return [rank, rank + world] if style == "loop" else [rank, 2 * world - rank]
 
 
 # --- 11 capstone 2 ----------------------------------------------------------------------------
@@ -1279,6 +1317,63 @@ PLAIN = [
         "one dp group gets the whole batch",
         lambda: sharding.check_batch_for(_one_group_gets_everything),
         ("equal shares",),
+    ),
+    # 13 exercise 1: PowerSGD's bytes per step
+    Mistake(
+        "fewer_bytes.check_powersgd_bytes",
+        "the biases forgotten",
+        lambda: fewer_bytes.check_powersgd_bytes(_powersgd(vectors=False)),
+        ("the biases (tensors of one dimension) are not compressed",),
+    ),
+    Mistake(
+        "fewer_bytes.check_powersgd_bytes",
+        "P counted, Q forgotten",
+        lambda: fewer_bytes.check_powersgd_bytes(_powersgd(factors=1)),
+        ("two factors",),
+    ),
+    Mistake(
+        "fewer_bytes.check_powersgd_bytes",
+        "every matrix compressed, however small",
+        lambda: fewer_bytes.check_powersgd_bytes(_powersgd(compress_all=True)),
+        ("sent whole",),
+    ),
+    Mistake(
+        "fewer_bytes.check_powersgd_bytes",
+        "n x m x r for a matrix",
+        lambda: fewer_bytes.check_powersgd_bytes(_powersgd_rank_times_matrix),
+        ("models and ranks are wrong",),
+    ),
+    # 13 exercise 2: a scaled cast to float8
+    Mistake(
+        "fewer_bytes.check_to_float8",
+        "no scale at all",
+        lambda: fewer_bytes.check_to_float8(_float8_unscaled),
+        ("flushed to zero",),
+    ),
+    Mistake(
+        "fewer_bytes.check_to_float8",
+        "the scale handed back instead of its inverse",
+        lambda: fewer_bytes.check_to_float8(_float8_scale_not_inverted),
+        ("does not give x back",),
+    ),
+    Mistake(
+        "fewer_bytes.check_to_float8",
+        "amax without abs()",
+        lambda: fewer_bytes.check_to_float8(_float8_amax_without_abs),
+        ("clamped",),
+    ),
+    # 13 exercise 3: two stages per rank
+    Mistake(
+        "fewer_bytes.check_stage_ids",
+        "two neighbouring stages per rank",
+        lambda: fewer_bytes.check_stage_ids(_stages_side_by_side),
+        ("looped placement",),
+    ),
+    Mistake(
+        "fewer_bytes.check_stage_ids",
+        "the V's second stage off by one",
+        lambda: fewer_bytes.check_stage_ids(_stages_v_off_by_one),
+        ("V-shaped placement",),
     ),
     # 11 capstone 2: the plan, exercise 1 (fewest bytes), exercise 2 (the colleague's step)
     Mistake(

@@ -399,6 +399,12 @@ class Capabilities:
         return self._cc_at_least(7, 0)
 
     @property
+    def fp8_matmul(self) -> bool:
+        """FP8 Tensor Cores (``torch._scaled_mm`` on CUDA): compute capability 8.9 (Ada, Hopper)
+        and newer."""
+        return self._cc_at_least(8, 9)
+
+    @property
     def native_bf16(self) -> bool:
         """bf16 in the GPU's hardware: compute capability 8.0 (Ampere) and newer.
 
