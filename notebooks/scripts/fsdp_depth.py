@@ -216,6 +216,8 @@ def counted(counter: CommCounter) -> dict[str, dict[str, int]]:
 def accumulation(mesh, device, x, y, ref_grads, counter: CommCounter) -> dict:
     """One step of MICRO micro-batches on a fresh ZeRO-3 model, three ways."""
     out: dict = {}
+    # the gradients: LAYERS sums of WIDTH products, then the batch's sum, in another order
+    tol = sum_bound(LAYERS * WIDTH + len(x) * dist.get_world_size())
     for mode in ("every", "last", "last, kept gathered"):
         model = shard(build_model().to(device), mesh)
         counter.calls.clear()
@@ -236,14 +238,10 @@ def accumulation(mesh, device, x, y, ref_grads, counter: CommCounter) -> dict:
                 gc.collect()  # what a reference cycle still holds is garbage, not kept
             held.append(m.delta_bytes)  # what this micro-batch left behind on this rank
         counter.on = False
-        grads = [full(p.grad) for p in model.parameters()]
-        out[mode] = {
-            "comm": counted(counter),
-            "held_after_micro_batch": held,
-            "grad_gap": relative_gap(grads, ref_grads),
-        }
-    # the gradients: LAYERS sums of WIDTH products, then the batch's sum, in another order
-    out["grad_tol"] = sum_bound(LAYERS * WIDTH + len(x) * dist.get_world_size())
+        gap = relative_gap([full(p.grad) for p in model.parameters()], ref_grads)
+        within(f"fsdp_depth accumulation {mode} grad_gap", gap, tol)
+        out[mode] = {"comm": counted(counter), "held_after_micro_batch": held, "grad_gap": gap}
+    out["grad_tol"] = tol
     return out
 
 
