@@ -1191,6 +1191,63 @@ def test_13_checks_pass_in_the_world_that_was_measured(markers, world):
 
 MOVE_CELL = ("moving 64 MiB costs time", "fresh = x.to(run_on, copy=True)")
 PLAYBOOK_CHECK = ("the Playbook counts GPT-2 less its position table",)
+
+
+def _fsdp_depth_reports(monkeypatch=None, mutate=True, reduce_in_bf16=False) -> dict:
+    """Notebook 09 section 5's two ranks as ``fsdp_depth.py`` reports them on torch 2.13
+    (measured: 4 layers of Psi = 66,048 in all, k = 4 micro-batches), for the cells' checks.
+    ``mutate``: FSDP2 ignores ``set_requires_gradient_sync(False)`` (mode "last" reduces in every
+    micro-batch and keeps no unsharded gradients), or, with ``reduce_in_bf16``, the fp32 reduce
+    dtype (bf16's reduce-scatter moves 2 bytes a value)."""
+    depth_script = _script("fsdp_depth")
+    layers, k, psi, n = depth_script.LAYERS, depth_script.MICRO, 66_048, 2
+
+    def comm(gathers: int, reduces: int) -> dict:
+        return {
+            "all_gather": {"calls": gathers * layers, "bytes": gathers * 4 * psi},
+            "reduce_scatter": {"calls": reduces * layers, "bytes": reduces * 4 * psi},
+        }
+
+    def run(gathers: int, reduces: int, held: int) -> dict:
+        leaves = [held] + [0] * (k - 2) + [4 * psi // n - held]
+        return {"comm": comm(gathers, reduces), "held_after_micro_batch": leaves, "grad_gap": 2e-7}
+
+    acc = {
+        "every": run(2 * k, k, 4 * psi // n),
+        "last": run(2 * k, 1, 4 * psi),
+        "last, kept gathered": run(k + 1, 1, 8 * psi),
+        "grad_tol": 6.3e-5,
+    }
+    red = {
+        name: {
+            "comm": {
+                "all_gather": {"calls": 2 * layers, "bytes": gather * psi},
+                "reduce_scatter": {"calls": layers, "bytes": scatter * psi},
+            },
+            "held": kept * psi,
+        }
+        for name, (gather, scatter, kept) in {
+            "fp32": (8, 4, 4),
+            "bf16, reduce fp32": (4, 4, 4),
+            "bf16, reduce bf16": (4, 2, 2),
+        }.items()
+    }
+    if mutate and reduce_in_bf16:
+        red["bf16, reduce fp32"]["comm"]["reduce_scatter"]["bytes"] = 2 * psi
+    elif mutate:
+        acc["last"] = run(2 * k, k, 4 * psi // n)
+    reports = {
+        rank: {"psi": psi, "world": n, "accumulation": acc, "reduce_dtype": red} for rank in (0, 1)
+    }
+    return {"depth": types.SimpleNamespace(reports=reports), "psi_d": psi}
+
+
+def _fsdp_reduce_dtype_ignored(monkeypatch=None, mutate=True) -> dict:
+    return _fsdp_depth_reports(monkeypatch, mutate, reduce_in_bf16=True)
+
+
+FSDP_ACCUMULATION = ('want = {"every": (2 * k, k, 4 / n)',)
+FSDP_REDUCE_DTYPE = ('per_psi = {"fp32": (8, 4, 4)',)
 CALCULATOR_CHECK = ("the calculator's states are a real step's",)
 DROPOUT_CHECK = ("dropout = nn.Dropout(p=0.5)",)
 CAPSTONE_STATE = ("print(build_model()[0])",)
@@ -1271,6 +1328,18 @@ MUTATIONS = {
     ),
     "04 dropout zeroes 35 % at p = 0.5": ("04", DROPOUT_CHECK, _dropout_at_a_third, "p zeroed"),
     "04 dropout ignores eval()": ("04", DROPOUT_CHECK, _dropout_that_ignores_eval, "p zeroed"),
+    "09 FSDP2 reduces every micro-batch with gradient sync off": (
+        "09",
+        FSDP_ACCUMULATION,
+        _fsdp_depth_reports,
+        "('last', {",
+    ),
+    "09 bf16's reduce-scatter moves bf16 despite reduce_dtype=float32": (
+        "09",
+        FSDP_REDUCE_DTYPE,
+        _fsdp_reduce_dtype_ignored,
+        "(0, 'bf16, reduce fp32'",
+    ),
     "11 Adam keeps one moment": ("11", CAPSTONE_STATE, _adam_with_one_moment, "does not fit"),
     "11 one replica fits the budget": (
         "11",
@@ -1504,6 +1573,8 @@ CONTROLS = {
     "05 capabilities() claims native bf16 on a T4": _native_bf16_on_a_t4,
     "04 the allocator ignores PYTORCH_ALLOC_CONF": _allocator_ignoring_the_new_name,
     "04 CUDA ignores PYTORCH_ALLOC_CONF": _cuda_allocator_ignoring_the_new_name,
+    "09 FSDP2 reduces every micro-batch with gradient sync off": _fsdp_depth_reports,
+    "09 bf16's reduce-scatter moves bf16 despite reduce_dtype=float32": _fsdp_reduce_dtype_ignored,
 }
 
 

@@ -223,6 +223,17 @@ def test_the_bug_hunt_as_shipped_is_not_an_attempt_and_launches_nothing():
         ({**ZERO3_K4, "checkpointing": 1}, ZERO3_K4_BYTES, "checkpointing"),
         (ZERO3_K4, {"all_gather": 1.5}, "whole number of bytes"),
         (ZERO3_K4, {"allgather": 5}, "maps collectives"),
+        ({**ZERO3_K4, "gradient_sync": "never"}, ZERO3_K4_BYTES, "plan['gradient_sync']"),
+        (
+            {
+                "shard": "replicate",
+                "micro_batches": 4,
+                "checkpointing": False,
+                "gradient_sync": "last",
+            },
+            {"all_reduce": 4 * PSI},
+            "your step reduces by hand",
+        ),
     ],
 )
 def test_a_malformed_plan_or_prediction_is_one_sentence(plan, predicted, says):
@@ -281,6 +292,29 @@ def test_each_collective_is_held_to_10_percent_of_what_it_moved(ranks_report):
     )
     assert "1.2x too high" in fb.problems[0]
     assert fb.fixes == [f"predicted['reduce_scatter'] = {ZERO3_K4_BYTES['reduce_scatter']:,}"]
+
+
+# --- issue 38: the gradient_sync lever -----------------------------------------------------------
+
+ZERO3_K4_ONCE = {**ZERO3_K4, "checkpointing": True, "gradient_sync": "last"}
+ZERO3_K4_ONCE_BYTES = {"all_gather": 4 * 2 * 4 * PSI, "reduce_scatter": 4 * PSI}
+
+
+def test_reducing_once_is_counted_and_k_reductions_predicted_get_a_hint(ranks_report):
+    """With gradient_sync='last' the ranks report one reduce-scatter of 4 PSI a step: the
+    prediction of the default (k x 4 PSI) is 4x too high, and the hint names the lever."""
+    ranks_report(recorded(ZERO3_K4_ONCE_BYTES))
+    assert check_plan(ZERO3_K4_ONCE, train_step, ZERO3_K4_ONCE_BYTES).passed
+    fb = check_plan(ZERO3_K4_ONCE, train_step, ZERO3_K4_BYTES)
+    assert not fb.passed and "4.0x too high" in fb.problems[0], fb.problems
+    assert "gradient_sync='last'" in fb.hints[0], fb.hints
+    assert fb.fixes == [f"predicted['reduce_scatter'] = {4 * PSI:,}"]
+
+
+def test_the_plan_without_gradient_sync_is_the_default():
+    fb = capstone_grader.Feedback("plan")
+    assert capstone_grader._plan(fb, ZERO3_K4)["gradient_sync"] == "every"
+    assert capstone_grader._plan(fb, ZERO3_K4_ONCE)["gradient_sync"] == "last"
 
 
 # --- issue 37 item 1: the gradients of every step ----------------------------------------------
@@ -622,3 +656,19 @@ def test_four_ranks_split_the_state_further_and_move_the_same_bytes():
     assert not two.passed and "over the budget" in two.problems[0]
     four = check_plan(plan, train_step, predicted, nproc=4)
     assert four.passed, four.problems
+
+
+@pytest.mark.slow
+def test_gradient_sync_last_reduces_once_and_holds_whole_gradients():
+    """Issue 38: FSDP2's set_requires_gradient_sync(False) before all micro-batches but the
+    last: one reduce-scatter of 4 PSI a step instead of 4, the same gradients, and 4 PSI of whole
+    gradients per rank, which take the plan without checkpointing over the budget (the hint says
+    so) and leave the one with checkpointing under it."""
+    once = check_plan(ZERO3_K4_ONCE, train_step, ZERO3_K4_ONCE_BYTES)
+    assert once.passed, once.problems
+    for rep in once.measured.values():
+        assert rep["comm"][-1] == ZERO3_K4_ONCE_BYTES, "one reduce-scatter a step, to the byte"
+    without = {**ZERO3_K4_ONCE, "checkpointing": False}
+    over = check_plan(without, train_step, ZERO3_K4_ONCE_BYTES)
+    assert not over.passed and "over the budget" in over.problems[0], over.problems
+    assert "whole gradients" in over.hints[0] and "'every'" in over.fixes[0]

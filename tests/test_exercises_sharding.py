@@ -16,6 +16,7 @@ from tutorial_utils.exercises.sharding import (
     _GRID,
     LINEARS,
     check_batch_for,
+    check_fsdp_bytes,
     check_tp_plan,
     check_zero_bytes,
     tp_plan_cost,
@@ -83,6 +84,36 @@ def test_zero_bytes_placeholder_is_not_an_attempt():
 def test_zero_bytes_reports_what_the_function_raised():
     fb = check_zero_bytes(lambda stage, psi, n, k: {}[stage])
     assert not fb.passed and "KeyError" in fb.report()
+
+
+def fsdp_bytes(psi, k, sync, param_bytes, reduce_bytes):
+    """Notebook 09 exercise 2's solution: ZeRO-3 gathers twice per micro-batch, and reduces in
+    every micro-batch or in the last only."""
+    reduces = k if sync == "every" else 1
+    return {"all_gather": 2 * k * param_bytes * psi, "reduce_scatter": reduces * reduce_bytes * psi}
+
+
+def test_fsdp_bytes_passes_the_formulas_as_floats_too():
+    assert check_fsdp_bytes(fsdp_bytes).passed
+    as_floats = lambda *a: {c: float(b) for c, b in fsdp_bytes(*a).items()}  # noqa: E731
+    assert check_fsdp_bytes(as_floats).passed
+
+
+def test_fsdp_bytes_gives_the_hint_of_the_one_mistake_then_the_fix():
+    reduced_k_times = lambda psi, k, sync, pb, rb: fsdp_bytes(psi, k, "every", pb, rb)  # noqa: E731
+    first = check_fsdp_bytes(reduced_k_times)
+    assert not first.passed and first.attempt == 1
+    assert any("only the last micro-batch" in h for h in first.hints), first.hints
+    assert "reduce_scatter = (k if sync" not in repr(first), "the first answer gets no fix"
+    second = check_fsdp_bytes(reduced_k_times)
+    assert "reduce_scatter = (k if sync" in repr(second), "a second one does"
+
+
+def test_fsdp_bytes_placeholder_is_not_an_attempt_and_wrong_keys_are_named():
+    fb = check_fsdp_bytes(lambda psi, k, sync, pb, rb: None)
+    assert not fb.passed and not fb.answered and fb.attempt == 0
+    keys = check_fsdp_bytes(lambda psi, k, sync, pb, rb: {"all_reduce": 1})
+    assert "returned a dict with keys" in keys.report()
 
 
 MEGATRON = {

@@ -1,6 +1,6 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 123 wrong answers: 106 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
+This file holds 126 wrong answers: 109 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
 they launch real ranks) and 17 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
@@ -637,6 +637,20 @@ def _zero(first_state=1, first_grads=2, first_params=3, width=4):
         return {"params": params, "grads": grads, "state": state}
 
     return zero_bytes
+
+
+def _fsdp(gathers_per_micro_batch=2, reduce_once=True, reduce_in_param_dtype=False):
+    """``fsdp_bytes`` as notebook 09's solution writes it, with one of its counts changed."""
+
+    def fsdp_bytes(psi, k, sync, param_bytes, reduce_bytes):
+        reduces = k if sync == "every" or not reduce_once else 1
+        width = param_bytes if reduce_in_param_dtype else reduce_bytes
+        return {
+            "all_gather": gathers_per_micro_batch * k * param_bytes * psi,
+            "reduce_scatter": reduces * width * psi,
+        }
+
+    return fsdp_bytes
 
 
 # --- 10 tensor parallelism --------------------------------------------------------------------
@@ -1277,6 +1291,25 @@ PLAIN = [
         lambda: sharding.check_zero_bytes(_zero(first_state=2, first_grads=3, first_params=4)),
         ("wrong at some stages",),
     ),
+    # 09 exercise 2: FSDP2's bytes per collective over micro-batches, with a reduce dtype
+    Mistake(
+        "sharding.check_fsdp_bytes",
+        "k reduce-scatters even with sync='last' (the old 'micro-batches multiply everything')",
+        lambda: sharding.check_fsdp_bytes(_fsdp(reduce_once=False)),
+        ("only the last micro-batch's backward reduce-scatters",),
+    ),
+    Mistake(
+        "sharding.check_fsdp_bytes",
+        "the reduce-scatter in param_dtype (3 Psi x 2 for bf16)",
+        lambda: sharding.check_fsdp_bytes(_fsdp(reduce_in_param_dtype=True)),
+        ("reduce_dtype",),
+    ),
+    Mistake(
+        "sharding.check_fsdp_bytes",
+        "one all-gather per micro-batch (ZeRO-3's backward gathers again)",
+        lambda: sharding.check_fsdp_bytes(_fsdp(gathers_per_micro_batch=1)),
+        ("what must its backward",),
+    ),
     # 10 exercise 1: a tensor-parallel plan
     Mistake(
         "sharding.check_tp_plan",
@@ -1414,6 +1447,17 @@ PLAIN = [
             _ZERO3_K4, micro_batch_step, {**_zero3_k4_bytes(), "all_reduce": 4 * _psi()}
         ),
         ("all_reduce",),
+        _SLOW,
+    ),
+    Mistake(  # issue 38: the gradient_sync lever, predicted as if it changed nothing
+        "capstone_grader.check_plan",
+        "gradient_sync='last' with the default's k reduce-scatters predicted",
+        lambda: _check_plan(
+            {**_ZERO3_K4, "checkpointing": True, "gradient_sync": "last"},
+            micro_batch_step,
+            _zero3_k4_bytes(),
+        ),
+        ("gradient_sync='last'",),
         _SLOW,
     ),
     Mistake(

@@ -21,6 +21,10 @@ launches ``capstone_ranks.py`` on ``nproc`` ranks with torchrun
    prediction a bound worth the name: at most 10% above what that collective moved, and 0 for a
    collective the plan does not call.
 
+A plan may add ``"gradient_sync": "last"`` (``capstone_ranks.py``): the ranks then reduce the
+gradients in the last micro-batch's backward only, so the reduction's bytes are counted once a
+step, and each rank holds whole gradients (4 PSI bytes) until then, which its peak counts.
+
 The hint fits the kind of attempt: over the budget, which lever is left; a wrong step, what
 differs from one process (the ranks' sum instead of their average, a micro-batch weighted k
 times, the previous step's gradients still in ``p.grad``); more bytes than predicted, which
@@ -60,6 +64,7 @@ __all__ = ["BUDGET", "COLLECTIVES", "PSI", "check_plan", "gradient_tolerance"]
 SCRIPT = Path(__file__).with_name("capstone_ranks.py")
 BUDGET = 30 * 2**20  # bytes per rank: one plain step (DDP) peaks near 54 MiB, ZeRO-3 near 38
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+SYNCS = ("every", "last")  # plan["gradient_sync"]: which micro-batches' backward reduces
 PSI = sum(p.numel() for p in build_model().parameters())  # parameters, biases included
 LOOSE = 1.10  # a prediction more than 10% above what moved is not a bound worth the name
 TIMEOUT_S = 240
@@ -81,11 +86,11 @@ _WHY = {
     "all_gather": "FSDP2 all-gathers each block's parameters (4 B per parameter in fp32) before "
     "its forward in every micro-batch and, with ZeRO-3, again before its backward",
     "reduce_scatter": "FSDP2 reduce-scatters each block's gradients (4 B per parameter) after "
-    "every micro-batch's backward, unless gradient sync is off for all micro-batches but the "
-    "last (model.set_requires_gradient_sync(False))",
+    "every micro-batch's backward, or only after the last one's with gradient_sync='last' "
+    "(model.set_requires_gradient_sync(False) before the others)",
     "all_reduce": "DDP all-reduces every gradient (4 B per parameter) after every micro-batch's "
-    "backward unless that backward runs under model.no_sync(); a step that averages by hand "
-    "all-reduces each gradient itself",
+    "backward, or only after the last one's with gradient_sync='last' (model.no_sync() before "
+    "the others); a step that averages by hand all-reduces each gradient itself",
     "broadcast": "a broadcast sends a whole tensor from one rank to every other",
 }
 
@@ -130,7 +135,20 @@ def _plan(fb: Feedback, plan: object) -> dict:
         f"plan['checkpointing'] is True or False, not {ckpt!r}",
         brief="plan['checkpointing'] is not True or False",
     )
-    return {"shard": str(shard), "micro_batches": k, "checkpointing": ckpt}
+    sync = plan.get("gradient_sync", "every")
+    fb.require(
+        isinstance(sync, str) and str(sync) in SYNCS,
+        f"plan['gradient_sync'] is 'every' (the default: reduce in every micro-batch's backward) "
+        f"or 'last' (only in the last one's), not {sync!r}",
+        brief="plan['gradient_sync'] is not one of the choices",
+    )
+    fb.require(
+        not (sync == "last" and shard == "replicate"),
+        "plan['gradient_sync'] = 'last' asks DDP or FSDP2 to skip their reduction until the last "
+        "micro-batch; with 'replicate' your step reduces by hand, so it decides that itself",
+        brief="gradient_sync='last' needs a shard that reduces for you",
+    )
+    return {"shard": str(shard), "micro_batches": k, "checkpointing": ckpt, "gradient_sync": sync}
 
 
 def _prediction(fb: Feedback, predicted: object) -> dict[str, int]:
@@ -364,6 +382,12 @@ def check_plan(
             fb.fixes[:] = [f"{c}: {moved[c] // (4 * PSI)} x 4 * PSI bytes" for c in over]
         else:
             fb.hints[:] = ["which collectives does your plan call, and how many times per step?"]
+            reduced = {"reduce_scatter", "all_reduce"} & {*unused, *loose}
+            if plan["gradient_sync"] == "last" and plan["micro_batches"] > 1 and reduced:
+                fb.hints[:] = [
+                    "with gradient_sync='last', in how many of the micro-batches' backward "
+                    "passes are the gradients reduced?"
+                ]
             fb.fixes[:] = [f"predicted[{c!r}] = {moved[c]:,}" for c in [*unused, *loose]]
     total_moved = sum(moved.values())
     if most_bytes is not None and not fb.expect(
@@ -437,6 +461,18 @@ def _lever(plan: dict, state: int, budget: int) -> tuple[list[str], list[str]]:
         )
     if state > budget:
         return (["the sharded state alone is over: more ranks split it further"], ["nproc=4"])
+    if plan["gradient_sync"] == "last" and plan["micro_batches"] > 1:
+        return (
+            [
+                "with gradient_sync='last' every rank keeps whole gradients between micro-batches "
+                f"(4 B per parameter, {format_bytes(4 * PSI)}): what does that cost, and what "
+                "does the default keep instead?"
+            ],
+            [
+                "plan['gradient_sync'] = 'every' keeps only the sharded gradients (4 PSI / N); "
+                "or more ranks (nproc=4) to split the rest"
+            ],
+        )
     levers = []
     if plan["micro_batches"] == 1:
         levers.append("plan['micro_batches'] = 4")

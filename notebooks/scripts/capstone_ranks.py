@@ -7,7 +7,10 @@
 averages the gradients itself), ``ddp``, ``shard_grad_op`` (FSDP2
 ``reshard_after_forward=False``: gradients and Adam's state sharded, each block's parameters
 sharded at rest but kept gathered from its forward to its backward; FSDP1 called it
-``SHARD_GRAD_OP``) and ``zero3`` (FSDP2's default, ``FULL_SHARD``). ``step.py`` defines
+``SHARD_GRAD_OP``) and ``zero3`` (FSDP2's default, ``FULL_SHARD``); ``"gradient_sync": "last"``
+(optional; ``"every"`` by default) reduces the gradients only in the last micro-batch's backward
+(FSDP2's ``set_requires_gradient_sync(False)``, DDP's ``no_sync()``, before each of the others),
+each rank keeping whole gradients until then. ``step.py`` defines
 ``train_step(model, optimizer, x, y, micro_batches)``: the learner's step, which the notebook
 writes there.
 
@@ -49,6 +52,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 from zero_stages import ALL_GATHER, REDUCE_SCATTER, CommCounter, ddp_wrap
 
@@ -182,6 +186,24 @@ def shard_model(plan: dict, device: torch.device) -> nn.Module:
     return model
 
 
+def sync_in_last_micro_batch(model: nn.Module, micro_batches: int) -> None:
+    """Plan ``"gradient_sync": "last"``: before each forward, say whether its backward reduces
+    the gradients: only in the last of every ``micro_batches`` forwards (FSDP2's
+    ``set_requires_gradient_sync``, on every ``fully_shard`` module; DDP's flag, which
+    ``no_sync()`` sets). Until then each rank adds into whole, unreduced gradients."""
+    forwards = [0]
+
+    def before_forward(module: nn.Module, args: tuple) -> None:
+        last = forwards[0] % micro_batches == micro_batches - 1
+        forwards[0] += 1
+        if isinstance(module, DDP):
+            module.require_backward_grad_sync = last
+        else:
+            module.set_requires_gradient_sync(last)
+
+    model.register_forward_pre_hook(before_forward)
+
+
 def load_step(path: str):
     spec = importlib.util.spec_from_file_location("learner_step", path)
     module = importlib.util.module_from_spec(spec)
@@ -202,6 +224,8 @@ def main() -> None:
     x, y = (t.chunk(world)[rank].clone().to(device) for t in global_batch())
     train_step = load_step(args.step)
     model = shard_model(plan, device)  # 2.
+    if plan.get("gradient_sync", "every") == "last":
+        sync_in_last_micro_batch(model, int(plan["micro_batches"]))
     optimizer = Handed(torch.optim.Adam(model.parameters(), lr=LR))
     counter = CommCounter()
     out: dict = {"rank": rank, "world": world, "peaks": [], "comm": [], "losses": []}

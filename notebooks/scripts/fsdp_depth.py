@@ -16,6 +16,14 @@ offloading.
    DIR; the notebook loads them into one unsharded model in one process (2 shards -> 1).
 4. ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer state live in CPU memory
    and the optimizer steps there. Each rank reports where its shards are.
+5. Gradient accumulation over ``MICRO`` micro-batches, three ways: reduce-scatter after every
+   micro-batch (the default), only after the last (``set_requires_gradient_sync(False)`` before
+   the others: each rank keeps its unsharded gradients meanwhile), and that with the parameters
+   kept gathered between micro-batches (``set_reshard_after_backward(False)`` too). Each rank
+   counts every collective's calls and bytes (``zero_stages.CommCounter``) and the bytes it
+   still holds after each micro-batch (``tutorial_utils.memory.measure``).
+6. The reduce dtype: one step in fp32, and in bf16 with ``reduce_dtype`` fp32 (torchtitan's
+   default) or bf16; the bytes of each collective.
 
 The device and backend come from ``common.setup()``: NCCL with one GPU per process when there
 are enough GPUs, gloo on the CPU otherwise.
@@ -24,6 +32,7 @@ are enough GPUs, gloo on the CPU otherwise.
 from __future__ import annotations
 
 import argparse
+import gc
 from pathlib import Path
 
 import torch
@@ -42,10 +51,15 @@ from common import (
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from zero_stages import ALL_GATHER, REDUCE_SCATTER, CommCounter
 
-WIDTH, LAYERS, PER_RANK, MAX_NORM = 128, 4, 8, 0.1
+from tutorial_utils import memory
+
+WIDTH, LAYERS, PER_RANK, MAX_NORM, MICRO = 128, 4, 8, 0.1, 4
+# the collectives by the names the notebook uses, whatever this torch calls them
+NAMES = {ALL_GATHER: "all_gather", REDUCE_SCATTER: "reduce_scatter"}
 
 
 def build_model(seed: int = 0) -> nn.Sequential:
@@ -193,6 +207,72 @@ def offload(mesh, device, x, y) -> dict:
     return out
 
 
+def counted(counter: CommCounter) -> dict[str, dict[str, int]]:
+    """The calls and bytes of each collective ``counter`` booked, by the notebook's names."""
+    by = counter.summary()["by_collective"]
+    return {NAMES.get(name, name): entry for name, entry in by.items()}
+
+
+def accumulation(mesh, device, x, y, ref_grads, counter: CommCounter) -> dict:
+    """One step of MICRO micro-batches on a fresh ZeRO-3 model, three ways."""
+    out: dict = {}
+    # the gradients: LAYERS sums of WIDTH products, then the batch's sum, in another order
+    tol = sum_bound(LAYERS * WIDTH + len(x) * dist.get_world_size())
+    for mode in ("every", "last", "last, kept gathered"):
+        model = shard(build_model().to(device), mesh)
+        counter.calls.clear()
+        dist.barrier()
+        counter.on = True
+        held = []
+        for i, (xb, yb) in enumerate(zip(x.chunk(MICRO), y.chunk(MICRO), strict=True)):
+            last = i == MICRO - 1
+            if mode != "every":  # reduce only in the last micro-batch's backward
+                model.set_requires_gradient_sync(last)
+            if mode == "last, kept gathered":  # and keep the parameters gathered until then
+                model.set_reshard_after_backward(last)
+            gc.collect()  # earlier garbage is freed before the window, not inside it
+            with memory.measure(device) as m:
+                loss = nn.functional.mse_loss(model(xb), yb) / MICRO
+                loss.backward()
+                del loss
+                gc.collect()  # what a reference cycle still holds is garbage, not kept
+            held.append(m.delta_bytes)  # what this micro-batch left behind on this rank
+        counter.on = False
+        gap = relative_gap([full(p.grad) for p in model.parameters()], ref_grads)
+        within(f"fsdp_depth accumulation {mode} grad_gap", gap, tol)
+        out[mode] = {"comm": counted(counter), "held_after_micro_batch": held, "grad_gap": gap}
+    out["grad_tol"] = tol
+    return out
+
+
+def reduce_dtypes(mesh, device, x, y, counter: CommCounter) -> dict:
+    """One forward and backward of ZeRO-3 in fp32, and in bf16 with each reduce dtype."""
+    policies = {
+        "fp32": None,
+        "bf16, reduce fp32": MixedPrecisionPolicy(torch.bfloat16, reduce_dtype=torch.float32),
+        "bf16, reduce bf16": MixedPrecisionPolicy(torch.bfloat16, reduce_dtype=torch.bfloat16),
+    }
+    out: dict = {}
+    for name, policy in policies.items():
+        kwargs = {} if policy is None else {"mp_policy": policy}
+        model = shard(build_model().to(device), mesh, **kwargs)
+        counter.calls.clear()
+        dist.barrier()
+        counter.on = True
+        nn.functional.mse_loss(model(x).float(), y).backward()
+        counter.on = False
+        grad_dtype = str(next(model.parameters()).grad.dtype)
+        # A micro-batch that does not reduce, on a fresh model: the unsharded gradient it keeps
+        model = shard(build_model().to(device), mesh, **kwargs)
+        model.set_requires_gradient_sync(False)
+        gc.collect()
+        with memory.measure(device) as m:
+            nn.functional.mse_loss(model(x).float(), y).backward()
+            gc.collect()
+        out[name] = {"comm": counted(counter), "grad_dtype": grad_dtype, "held": m.delta_bytes}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint-dir", required=True, help="a folder every rank can write")
@@ -210,6 +290,16 @@ def main() -> None:
         "checkpoint": checkpoint(mesh, device, x[mine], y[mine], args.checkpoint_dir),
         "offload": offload(mesh, device, x[mine], y[mine]),
     }
+    ref = build_model().to(device)  # one process's gradients on the whole batch
+    nn.functional.mse_loss(ref(x), y).backward()
+    ref_grads = [p.grad for p in ref.parameters()]
+    counter = CommCounter()
+    try:
+        out["accumulation"] = accumulation(mesh, device, x[mine], y[mine], ref_grads, counter)
+        out["reduce_dtype"] = reduce_dtypes(mesh, device, x[mine], y[mine], counter)
+    finally:
+        counter.restore()
+    out["psi"] = sum(p.numel() for p in ref.parameters())
     clip = out["clipping"]
     norm_gap = abs(clip["norm"] - clip["ref_norm"]) / clip["ref_norm"]
     same = within("fsdp_depth norm_gap", norm_gap, clip["norm_tol"])

@@ -10,7 +10,8 @@ holds, first without sharding and then with it, and checks both take the same st
 
 The smallest complete FSDP2 script of the course, to read and run from a terminal. Notebook 09
 measures the same things on five setups (``zero_stages.py``) and runs FSDP2's options
-(``fsdp_depth.py``: meta-device init, prefetching, clipping, checkpoints, offloading).
+(``fsdp_depth.py``: meta-device init, prefetching, clipping, checkpoints, offloading,
+gradient accumulation with ``set_requires_gradient_sync``, reduce dtypes).
 """
 
 from __future__ import annotations

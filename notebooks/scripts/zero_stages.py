@@ -29,6 +29,7 @@ are enough GPUs, gloo on the CPU otherwise.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -131,6 +132,13 @@ class StepPeak:
     ``profile_memory`` is on; the running sum of those events, in order, peaks where the block
     did. (A ``TorchDispatchMode`` counter does not fit here: it sees a DTensor as one tensor of
     its global size, not the shard a rank stores.) GPU: the caching allocator's counters.
+
+    The profiler also books the free of a block allocated under an *earlier* profiler (the
+    previous setup's window), as a negative size. The previous setup's model (FSDP2 and DDP
+    modules hold reference cycles) is freed by Python's cyclic garbage collector, at whatever
+    allocation triggers it: inside this window, its frees would pull this setup's peaks down
+    by up to its whole size (notebook 09 once showed ZeRO-3's optimizer step at 0 B). So the
+    garbage is collected before the window opens, and the collector is off while it is open.
     """
 
     PHASES = ("forward", "backward", "optimizer step")
@@ -159,6 +167,8 @@ class StepPeak:
             os.close(devnull)
 
     def __enter__(self) -> StepPeak:
+        gc.collect()  # the previous setups' garbage, freed now, outside the window
+        gc.disable()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -186,6 +196,7 @@ class StepPeak:
         self.peaks[name] = max(self.peaks.get(name, 0), peak)
 
     def __exit__(self, *exc) -> None:
+        gc.enable()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             rest = torch.cuda.max_memory_allocated(self.device) - self._start

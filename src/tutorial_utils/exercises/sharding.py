@@ -7,6 +7,11 @@
   (``reshard_after_forward=False``) from each layer's forward to its backward, which at rest
   keeps only a shard (notebook 09 section 1 measures it; notebook 11 calls that mode
   ``shard_grad_op``).
+* ``check_fsdp_bytes``: the learner's ``fsdp_bytes(psi, k, sync, param_bytes, reduce_bytes)``,
+  the bytes FSDP2's ZeRO-3 all-gathers and reduce-scatters in one step of ``k`` micro-batches,
+  reducing in every micro-batch or in the last only (``set_requires_gradient_sync``), with
+  ``param_bytes`` per gathered parameter and ``reduce_bytes`` per reduced gradient (the
+  ``MixedPrecisionPolicy``'s dtypes), against the formulas notebook 09 section 5 measures.
 * ``check_tp_plan``: the learner's tensor-parallel plan for notebook 10's block (section 1),
   judged by what it costs: every Linear split, and no more collectives in forward than the
   cheapest plan (found by trying all of them with the same rules).
@@ -25,7 +30,14 @@ import torch
 from . import Feedback, checker
 from .answers import Given, describe, finite_number, number_problem
 
-__all__ = ["LINEARS", "check_batch_for", "check_tp_plan", "check_zero_bytes", "tp_plan_cost"]
+__all__ = [
+    "LINEARS",
+    "check_batch_for",
+    "check_fsdp_bytes",
+    "check_tp_plan",
+    "check_zero_bytes",
+    "tp_plan_cost",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +162,116 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feed
         not wrong,
         "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
         brief=f"{len(wrong)} of {len(_GRID)} setups are wrong",
+    )
+    return fb
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2's bytes per collective: micro-batches and the reduce dtype
+
+COLLECTIVES = ("all_gather", "reduce_scatter")
+
+
+def _fsdp_reference(
+    psi: int, k: int, sync: str, param_bytes: int, reduce_bytes: int
+) -> dict[str, int]:
+    """ZeRO-3 (FSDP2's default): each micro-batch gathers every layer in forward and again in
+    backward; the gradients are reduce-scattered in every micro-batch's backward, or in the last
+    one's only when ``sync == "last"`` (``set_requires_gradient_sync(False)`` before the others)."""
+    reduces = k if sync == "every" else 1
+    return {"all_gather": 2 * k * param_bytes * psi, "reduce_scatter": reduces * reduce_bytes * psi}
+
+
+_FSDP_GRID = [
+    (psi, k, sync, param_bytes, reduce_bytes)
+    for psi in (66_048, 10**9)
+    for k in (1, 4, 8)
+    for sync in ("every", "last")
+    for param_bytes, reduce_bytes in ((4, 4), (2, 4), (2, 2))
+]
+
+# The mistakes a hint names: (hint, what that mistake computes).
+_FSDP_MISTAKES = (
+    (
+        "with sync='last' only the last micro-batch's backward reduce-scatters "
+        "(set_requires_gradient_sync(False) before the others): how many reduce-scatters is that?",
+        lambda psi, k, sync, pb, rb: {
+            "all_gather": 2 * k * pb * psi,
+            "reduce_scatter": k * rb * psi,
+        },
+    ),
+    (
+        "which dtype does the reduce-scatter move: the gathered parameters' (param_dtype) or "
+        "reduce_dtype? torchtitan gathers bf16 and reduces fp32",
+        lambda psi, k, sync, pb, rb: _fsdp_reference(psi, k, sync, pb, pb),
+    ),
+    (
+        "ZeRO-3 frees a layer's gathered parameters after its forward: what must its backward "
+        "do before it can compute the layer's gradients?",
+        lambda psi, k, sync, pb, rb: {
+            "all_gather": k * pb * psi,
+            "reduce_scatter": _fsdp_reference(psi, k, sync, pb, rb)["reduce_scatter"],
+        },
+    ),
+)
+
+
+@checker(answers=("fsdp_bytes",))
+def check_fsdp_bytes(fsdp_bytes: Callable[[int, int, str, int, int], dict]) -> Feedback:
+    """``fsdp_bytes(psi, k, sync, param_bytes, reduce_bytes)``: the bytes FSDP2's ZeRO-3 moves
+    in one step of ``k`` micro-batches, as ``{"all_gather": ..., "reduce_scatter": ...}``
+    (whole-tensor bytes, as notebook 09 counts them), ``sync`` "every" or "last".
+
+    Every reference is computed before the learner's function runs; an answer that matches one
+    of the mistakes ``_FSDP_MISTAKES`` names (on every call it got wrong) gets that hint."""
+    wants = [(args, _fsdp_reference(*args)) for args in _FSDP_GRID]  # first, from the formulas
+    fb = Feedback(
+        "fsdp_bytes(psi, k, sync, param_bytes, reduce_bytes) gives the bytes ZeRO-3 all-gathers "
+        "and reduce-scatters in one step"
+    )
+    fb.hint(
+        "count per micro-batch: how many times is each layer gathered (forward, backward), and "
+        "in which micro-batches are its gradients reduce-scattered? Then bytes per value"
+    )
+    fb.fix(
+        "all_gather = 2 * k * param_bytes * psi (forward and backward of every micro-batch); "
+        "reduce_scatter = (k if sync == 'every' else 1) * reduce_bytes * psi"
+    )
+    wrong: list[str] = []
+    matches = [0] * len(_FSDP_MISTAKES)
+    for (psi, k, sync, param_bytes, reduce_bytes), want in wants:
+        call = f"fsdp_bytes({psi:,}, {k}, {sync!r}, {param_bytes}, {reduce_bytes})"
+        got = fb.run(call, fsdp_bytes, psi, k, sync, param_bytes, reduce_bytes, returns=dict)
+        fb.require(
+            set(got) == set(COLLECTIVES),
+            f"{call} returned a dict with keys {describe(sorted(map(str, got)))}: return "
+            '{"all_gather": ..., "reduce_scatter": ...}, the bytes of each',
+            brief="fsdp_bytes does not return the two collectives",
+        )
+        values = {c: finite_number(got[c]) for c in COLLECTIVES}
+        bad = next((c for c in COLLECTIVES if values[c] is None), None)
+        fb.require(
+            bad is None,
+            number_problem(f"{call}[{bad!r}]", got.get(bad)) + " (a number of bytes)",
+            brief="fsdp_bytes does not return numbers",
+        )
+        off = [c for c in COLLECTIVES if abs(values[c] - want[c]) > 1e-9 * want[c] + 0.5]
+        if not off:
+            continue
+        wrong.append(
+            f"{call}: " + ", ".join(f"{c} {values[c]:,.0f}, expected {want[c]:,.0f}" for c in off)
+        )
+        for m, (_, mistake) in enumerate(_FSDP_MISTAKES):
+            other = mistake(psi, k, sync, param_bytes, reduce_bytes)
+            if all(abs(values[c] - other[c]) <= 1e-9 * other[c] + 0.5 for c in COLLECTIVES):
+                matches[m] += 1
+    for (hint, _), count in zip(_FSDP_MISTAKES, matches, strict=True):
+        if wrong and count == len(wrong):  # only when that is the one mistake
+            fb.hint(hint)
+    fb.expect(
+        not wrong,
+        "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""),
+        brief=f"{len(wrong)} of {len(_FSDP_GRID)} steps are wrong",
     )
     return fb
 
