@@ -77,6 +77,26 @@ def test_right_answer_passes(task):
     assert result.losses[-1] < result.losses[0]
 
 
+def test_garbage_of_earlier_cells_is_collected_before_the_budgeted_steps(task):
+    """A notebook's earlier cells leave cyclic garbage; the collector may free it at any moment.
+    Kept alive through the budgeted window it counts against the budget (the budget counts every
+    tensor in the process); freed inside it, it lowers the count below what the step made. The
+    grader collects it first, so the right answer passes either way."""
+    import gc
+
+    class Cycle:
+        def __init__(self, nbytes):
+            self.me, self.data = self, torch.zeros(nbytes // 4)  # freed only by the collector
+
+    gc.disable()
+    try:
+        Cycle(task.budget_bytes // 2)  # half the budget, unreachable but alive
+        result = grade(micro, task)
+    finally:
+        gc.enable()
+    assert result.feedback.passed, result.feedback.report()
+
+
 def test_plain_step_runs_out_of_memory(task):
     result = grade(plain, task)
     assert not result.feedback.passed

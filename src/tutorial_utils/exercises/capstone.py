@@ -63,6 +63,7 @@ feedback says so.
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import sys
@@ -739,6 +740,9 @@ def _grade_calls(
     fb.hints[:], fb.fixes[:] = [hint], [fix]
     # nothing of the first call may stay alive: the budget counts every tensor in the process
     del model, optimizer, counting, recorded, handed, want, leftover
+    # nor any garbage of earlier cells: the collector freeing it inside the window would lower
+    # the count below what the step made (a false "ran where the grader cannot measure it")
+    gc.collect()
 
     # 2. Several steps inside the budget, watched, each one kept for the checks after.
     model, optimizer = task.new_run()
@@ -1124,6 +1128,7 @@ def measure_combinations(step: Callable, task: CapstoneTask, combos: dict[str, d
     for name, options in combos.items():
         model, optimizer = task.new_run()
         step(model, optimizer, task.tokens, task.labels, **options)  # warm-up
+        gc.collect()  # no earlier garbage freed inside the window
         with memory.measure(task.device) as m:
             step(model, optimizer, task.tokens, task.labels, **options)
         peaks[name] = m.peak_bytes
