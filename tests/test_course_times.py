@@ -211,3 +211,107 @@ def test_the_budget_check_sees_an_overlong_notebook_and_course(monkeypatch):
     problems = ct.budget_problems(est)
     assert sum("over the 5 a notebook may take" in p for p in problems) == len(est)
     assert any("over its 60" in p for p in problems)
+
+
+# --------------------------------------------------------------------------- the calibrated model
+
+
+def _exercise_notebook(tmp_path: Path) -> Path:
+    """Two exercises: one whose solution adds 4 lines (and repeats 1 it was given), one that
+    hands over a 10-line script to edit."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "buggy.py").write_text("\n".join(f"a{i} = {i}" for i in range(10)))
+    hidden = {"jupyter": {"source_hidden": True}}
+    return notebook(
+        tmp_path,
+        [
+            ("markdown", "## Exercises\n\n**Exercise 1: write it.** Write `f`.", {}),
+            ("code", "def f(x):\n    ...  # TODO\n\n\ncheck_f(f)", {}),
+            ("markdown", "### 2. Find the bug: a script\nFix it.", {}),
+            ("code", 'check_script("scripts/buggy.py")', {}),
+            ("markdown", "### Solutions", {}),
+            (
+                "code",
+                "# Solution to exercise 1 (expand to read)\n# why, in words\ndef f(x):\n"
+                "    y = x + 1\n    z = y * 2\n    w = z - 3\n    return w\n\n\n"
+                "check_f(f).assert_passed()",
+                hidden,
+            ),
+            ("code", "# Solution to exercise 2 (expand to read)\n# the script's fix", hidden),
+        ],
+    )
+
+
+def test_each_exercise_is_read_from_its_cells(tmp_path):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    work = est.section("Exercises").exercise_work
+    assert work["1"].title == "Exercise 1: write it."
+    # def f(x): was given; the comments and the checker's call are not written by the learner
+    assert (work["1"].written_lines, work["1"].script_lines) == (4, 0)
+    assert work["2"].title == "2. Find the bug: a script"
+    assert (work["2"].written_lines, work["2"].script_lines) == (0, 10)
+
+
+def test_the_calibrated_model_weighs_each_exercise_by_what_it_asks(tmp_path):
+    section = ct.estimate(_exercise_notebook(tmp_path)).section("Exercises")
+    cal = ct.CALIBRATED
+    assert section.exercise_minutes(ct.STATED) == [5, 5]  # the stated model: flat
+    assert section.exercise_minutes(cal) == pytest.approx(
+        [cal.min_per_exercise + 4 * cal.min_per_written_line, cal.min_per_exercise + 10 / 20]
+    )
+    words = section.words
+    assert section.minutes_under(cal) == pytest.approx(
+        words / 175 + section.code_lines / 20 + 2 * 0.25 + sum(section.exercise_minutes(cal))
+    )
+    assert ct.MODEL is ct.STATED and section.minutes == section.minutes_under(ct.STATED)
+
+
+def test_a_stated_weight_overrides_the_derivation_and_a_stale_one_is_reported(tmp_path):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    weight = ct.ExerciseWeight("99_test.ipynb", "find the bug: a script", 12, "a reason")
+    stale = ct.ExerciseWeight("99_test.ipynb", "no such title", 12, "a reason")
+    model = ct.TimeModel("t", 175, 20, 0.25, 5, 20, 0.5, True, (weight, stale))
+    assert est.section("Exercises").exercise_minutes(model)[1] == 12
+    (problem,) = ct.unmatched_weights({"99_test.ipynb": est}, model)
+    assert "'...no such title...'" in problem
+
+
+def test_the_weight_table_matches_the_notebooks_exercises():
+    """A renamed exercise must take its stated minutes along (or lose them here)."""
+    assert ct.unmatched_weights(ct.estimates(), ct.CALIBRATED) == []
+    for weight in ct.EXERCISE_WEIGHTS:
+        assert weight.reason and weight.minutes > ct.CALIBRATED.min_per_exercise
+
+
+def test_a_syllabus_keeping_the_first_exercise_counts_its_own_minutes(tmp_path, monkeypatch):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    monkeypatch.setattr(ct, "MODEL", ct.CALIBRATED)
+    section = est.section("Exercises")
+    each = section.exercise_minutes()
+    minutes, kept = ct.part_minutes_and_exercises(
+        ct.Part("99_test.ipynb", ("Exercises",), exercises=1), est
+    )
+    reading = section.minutes - sum(each)
+    assert kept == 1 and minutes == pytest.approx(reading / 2 + each[0])
+
+
+def test_model_switch_prints_the_calibrated_table_and_leaves_the_switch(capsys):
+    assert ct.main(["--model", "calibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "| notebook | stated | this model | reviewer (issue 38) |" in out
+    assert ct.MODEL is ct.STATED
+    total = re.search(r"\| \*\*all\*\* \| (\d+) \| (\d+) \| (\d+) \|", out)
+    ests = ct.estimates()
+    assert int(total.group(1)) == sum(e.minutes for e in ests.values())
+    assert int(total.group(2)) == sum(
+        ct.round_up(sum(s.minutes_under(ct.CALIBRATED) for s in e.sections)) for e in ests.values()
+    )
+
+
+def test_the_formula_in_times_md_follows_the_model():
+    stated = "\n".join(ct.formula_lines(ct.STATED))
+    calibrated = "\n".join(ct.formula_lines(ct.CALIBRATED))
+    assert "150 words a minute" in stated and "Brysbaert" not in stated
+    assert "175 words a minute" in calibrated and "Brysbaert 2019" in calibrated
+    assert "per line its solution adds" in calibrated
+    assert all(w.title_phrase in calibrated for w in ct.EXERCISE_WEIGHTS)
