@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,82 @@ def test_the_formula_in_times_md_follows_the_model():
     assert "175 words a minute" in calibrated and "Brysbaert 2019" in calibrated
     assert "per line its solution adds" in calibrated
     assert all(w.title_phrase in calibrated for w in ct.EXERCISE_WEIGHTS)
+
+
+# --------------------------------------------------------------------------- compute time
+
+
+def _run_notebooks():
+    from conftest import load_file
+
+    return load_file(ROOT / "tools" / "run_notebooks.py", "run_notebooks")
+
+
+def test_a_completed_run_records_its_seconds_and_a_failed_one_none(monkeypatch):
+    rn = _run_notebooks()
+    made = {"date": "2026-12-24", "device": "CPU (test)", "torch": "2.13.0"}
+    monkeypatch.setattr(rn, "executed_with", lambda: made)
+    done, failed = types.SimpleNamespace(metadata={}), types.SimpleNamespace(metadata={})
+    rn.record_run(done, 12.345)
+    rn.record_run(failed)
+    recorded = done.metadata["tutorial_utils"]["executed_with"]
+    assert recorded == {**made, "seconds": 12.3, "cpu_count": os.cpu_count()}
+    assert failed.metadata["tutorial_utils"]["executed_with"] == made  # no seconds: not invented
+    assert "seconds" not in made  # the cached record is not changed
+
+
+@pytest.mark.slow
+def test_run_notebooks_saves_the_seconds_of_a_synthetic_notebook(tmp_path):
+    """A real kernel runs a synthetic notebook in place; its metadata gets the seconds."""
+    rn = _run_notebooks()
+    path = notebook(tmp_path, [("code", "import time\ntime.sleep(0.5)\nx = 1 + 1", {})])
+    nb = json.loads(path.read_text())
+    nb["cells"][0].update(id="c0", outputs=[], execution_count=None)
+    path.write_text(json.dumps(nb))
+    seconds = rn.run(path, True, timeout=120)
+    made = json.loads(path.read_text())["metadata"]["tutorial_utils"]["executed_with"]
+    # the kernel's start is outside the timed run; the 0.5 s sleep is inside it
+    assert 0.5 <= made["seconds"] <= round(seconds, 1) + 0.1
+    assert made["cpu_count"] == os.cpu_count() and made["device"] and made["date"]
+
+
+def _recorded(tmp_path: Path, name: str, executed_with) -> None:
+    meta = {"tutorial_utils": {"executed_with": executed_with}} if executed_with else {}
+    (tmp_path / name).write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4}))
+
+
+def test_the_syllabi_show_recorded_compute_and_never_invent_it(tmp_path, monkeypatch):
+    machine = {"date": "2026-12-07", "device": "CPU (Xeon)", "torch": "2.13.0", "cpu_count": 2}
+    _recorded(tmp_path, "00_a.ipynb", {**machine, "seconds": 120.0})
+    _recorded(tmp_path, "01_b.ipynb", {**machine, "seconds": 336.0})
+    _recorded(tmp_path, "02_c.ipynb", {"date": "2026-12-07", "device": "CPU (Xeon)"})  # no seconds
+    _recorded(tmp_path, "03_d.ipynb", {**machine, "seconds": "fast"})  # not a number
+    _recorded(tmp_path, "04_e.ipynb", None)  # never recorded
+    monkeypatch.setattr(ct, "NOTEBOOKS", tmp_path)
+    names = ["00_a.ipynb", "00_a.ipynb", "01_b.ipynb", "02_c.ipynb", "03_d.ipynb", "04_e.ipynb"]
+    cells, sentence = ct.compute_cells(names)
+    assert cells == [
+        "2.0 min",
+        "(row above)",
+        "5.6 min",
+        "not recorded",
+        "not recorded",
+        "not recorded",
+    ]
+    # 00 counted once: 120 + 336 s
+    assert "7.6 min for 00, 01 on CPU (Xeon) with 2 CPUs, torch 2.13.0, 2026-12-07" in sentence
+    assert "not recorded for 02, 03, 04" in sentence
+    _, none = ct.compute_cells(["04_e.ipynb"])
+    assert "not recorded for any of them yet" in none and "min for" not in none
+
+
+def test_each_syllabus_row_shows_what_its_notebook_recorded():
+    block = ct.render_syllabi(ct.estimates())
+    rows = re.findall(r"^\| `(\d\d\w*\.ipynb)` \| .* \| \d+ \| ([^|]+) \|$", block, re.M)
+    assert len(rows) == sum(len(s.parts) for s in ct.SYLLABI)
+    for name, cell in rows:
+        made = ct.recorded_run(name)
+        if made is None:
+            assert cell.strip() in ("not recorded", "(row above)")
+        else:
+            assert cell.strip() in (f"{made['seconds'] / 60:.1f} min", "(row above)")

@@ -695,10 +695,72 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def recorded_run(name: str) -> dict | None:
+    """What tools/run_notebooks.py recorded in notebook ``name``'s metadata about the run that
+    made its saved outputs, when that record has the run's seconds; None otherwise."""
+    try:
+        nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    made = nb.get("metadata", {}).get("tutorial_utils", {}).get("executed_with")
+    seconds = made.get("seconds") if isinstance(made, dict) else None
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+        return made
+    return None
+
+
+def _machine(made: dict) -> str:
+    cpus = made.get("cpu_count")
+    return (
+        f"{made.get('device', 'an unknown device')}"
+        + (f" with {cpus} CPUs" if cpus else "")
+        + f", torch {made.get('torch', '?')}, {made.get('date', '?')}"
+    )
+
+
+def compute_cells(notebooks: list[str]) -> tuple[list[str], str]:
+    """For a syllabus's rows (one notebook each, a notebook maybe twice): what each row shows
+    in its compute column, and one sentence for the day, both from the recorded runs only."""
+    cells, seen = [], set()
+    by_machine: dict[str, list[tuple[str, float]]] = {}
+    missing = []
+    for name in notebooks:
+        made = recorded_run(name)
+        if name in seen:
+            cells.append("(row above)")
+            continue
+        seen.add(name)
+        if made is None:
+            cells.append("not recorded")
+            missing.append(name[:2])
+            continue
+        cells.append(f"{made['seconds'] / 60:.1f} min")
+        by_machine.setdefault(_machine(made), []).append((name[:2], made["seconds"]))
+    parts = [
+        f"{sum(sec for _, sec in runs) / 60:.1f} min for {', '.join(n for n, _ in runs)} "
+        f"on {machine}"
+        for machine, runs in by_machine.items()
+    ]
+    sentence = (
+        "Compute, the time the cells take when each notebook runs top to bottom once, as "
+        "`tools/run_notebooks.py` recorded it (a whole notebook even where a part is taught; "
+        "not in the teaching minutes): "
+        + ("; ".join(parts) if parts else "not recorded for any of them yet")
+        + (
+            f"; not recorded for {', '.join(missing)} (`tools/run_notebooks.py --inplace` "
+            "records it)."
+            if missing and parts
+            else "."
+        )
+    )
+    return cells, sentence
+
+
 def render_syllabi(ests: dict[str, Estimate]) -> str:
     out = [BEGIN_SYLLABI, ""]
     for syllabus in SYLLABI:
         rows = syllabus_rows(syllabus, ests)
+        compute, compute_sentence = compute_cells([nb for nb, _, _ in rows])
         teaching = sum(m for _, _, m in rows)
         out += [
             f"### {syllabus.name[0].upper()}{syllabus.name[1:]}",
@@ -713,10 +775,15 @@ def render_syllabi(ests: dict[str, Estimate]) -> str:
             )
             + f", in a {syllabus.slot_min}-minute slot. Left out: {syllabus.skipped}.",
             "",
-            "| notebook | what | minutes |",
-            "| --- | --- | ---: |",
+            compute_sentence,
+            "",
+            "| notebook | what | minutes | compute |",
+            "| --- | --- | ---: | ---: |",
         ]
-        out += [f"| `{nb}` | {what} | {m} |" for nb, what, m in rows]
+        out += [
+            f"| `{nb}` | {what} | {m} | {c} |"
+            for (nb, what, m), c in zip(rows, compute, strict=True)
+        ]
         out.append("")
     out.append(END_SYLLABI)
     return "\n".join(out)
