@@ -396,3 +396,22 @@ def test_each_syllabus_row_shows_what_its_notebook_recorded():
             assert cell.strip() in ("not recorded", "(row above)")
         else:
             assert cell.strip() in (f"{made['seconds'] / 60:.1f} min", "(row above)")
+
+
+def test_the_check_ignores_a_new_compute_record_but_not_a_changed_plan(tmp_path, monkeypatch):
+    """Re-executing a notebook changes its recorded seconds: no --write needed for that."""
+    guide = tmp_path / "instructor-guide.md"
+    text = ct.GUIDE_MD.read_text()
+    ests = ct.estimates()
+    assert not [p for p in ct.other_problems(ests) if "syllabi" in p]
+    monkeypatch.setattr(ct, "GUIDE_MD", guide)
+    rows = re.compile(r"^(\| `\d\d\w*\.ipynb` \| .* \| \d+ \|) [^|]+ \|$", re.M)
+    guide.write_text(rows.sub(r"\1 9.9 min |", text))  # every compute cell different
+    guide.write_text(guide.read_text().replace("not recorded for any of them yet", "3 min"))
+    assert not [p for p in ct.other_problems(ests) if "syllabi" in p]
+    first = rows.search(text)
+    changed = first.group(1).rsplit("|", 2)[0] + "| 999 |"  # the minutes of one row
+    guide.write_text(text.replace(first.group(1), changed, 1))
+    assert [p for p in ct.other_problems(ests) if "syllabi" in p]
+    # and the stripped form is the plan alone: no compute word left
+    assert "compute" not in ct.without_compute(ct.render_syllabi(ests)).lower()
