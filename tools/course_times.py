@@ -3,6 +3,7 @@
     python tools/course_times.py           # print the estimate per notebook and per section
     python tools/course_times.py --check   # exit 1 if a stated time or a syllabus disagrees
     python tools/course_times.py --write   # rewrite the stated times, docs/times.md, the syllabi
+    python tools/course_times.py --model calibrated   # issue 38's calibrated model, per exercise
 
 The formula (the same words are written into docs/times.md):
 
@@ -18,6 +19,18 @@ The formula (the same words are written into docs/times.md):
   try again); its collapsed solution cells count here, not as code to read;
 * **tasks**: ``MIN_PER_TASK`` minutes per open task (a ``## ... Your turn`` section, as in the
   capstone: design a solution, run it, measure, retry).
+
+Two models give the rates (``TimeModel``): ``STATED``, above, which every stated time follows
+today, and ``CALIBRATED`` (issue 38), which reads at ``BRYSBAERT_SLOW_WPM`` (the slow end of the
+adult range for non-fiction in Brysbaert's 2019 meta-analysis) and weighs each exercise by what it
+asks: ``MIN_PER_WRITTEN_LINE`` for each line its solution adds to the code the learner is given,
+the script it hands over to edit read as code, and a stated weight, with its reason, for the few
+in ``EXERCISE_WEIGHTS``. ``MODEL`` is the switch ``--check`` and ``--write`` follow; ``--model``
+overrides it for one run.
+
+The syllabi also show each notebook's compute time, as ``tools/run_notebooks.py`` recorded it in
+the notebook's metadata (``executed_with``: seconds, device, CPUs, date), or "not recorded";
+``--check`` compares the syllabi without it (a re-execution changes it), ``--write`` copies it.
 
 The Colab setup cell is not counted (it does nothing off Colab). A notebook's time is the sum of
 its sections' times rounded up to ``ROUND_TO`` minutes; a section is everything from one ``## ``
@@ -958,6 +971,13 @@ def model_table(ests: dict[str, Estimate]) -> str:
         f"{sum(e.minutes for e in ests.values())} | "
         f"{sum(REVIEWER_MIN.get(n[:2], 0) for n in ests)} |"
     )
+    read = [n for n in ests if n[:2] in REVIEWER_MIN]
+    if len(read) < len(ests):  # notebooks the reviewer did not read: the totals of the others
+        lines.append(
+            f"| **the {len(read)} the reviewer read** | {sum(stated[n] or 0 for n in read)} | "
+            f"{sum(ests[n].minutes for n in read)} | "
+            f"{sum(REVIEWER_MIN[n[:2]] for n in read)} |"
+        )
     lines += [
         "",
         "Each exercise: the lines its solution adds, the lines of a script it hands over, minutes",
