@@ -368,6 +368,8 @@ def test_the_syllabi_show_recorded_compute_and_never_invent_it(tmp_path, monkeyp
     _recorded(tmp_path, "02_c.ipynb", {"date": "2026-12-07", "device": "CPU (Xeon)"})  # no seconds
     _recorded(tmp_path, "03_d.ipynb", {**machine, "seconds": "fast"})  # not a number
     _recorded(tmp_path, "04_e.ipynb", None)  # never recorded
+    laptop = {**machine, "device": "CPU (x86_64, 8 logical cores)", "cpu_count": 8}
+    _recorded(tmp_path, "05_f.ipynb", {**laptop, "seconds": 12.3})
     monkeypatch.setattr(ct, "NOTEBOOKS", tmp_path)
     names = ["00_a.ipynb", "00_a.ipynb", "01_b.ipynb", "02_c.ipynb", "03_d.ipynb", "04_e.ipynb"]
     cells, sentence = ct.compute_cells(names)
@@ -382,6 +384,8 @@ def test_the_syllabi_show_recorded_compute_and_never_invent_it(tmp_path, monkeyp
     # 00 counted once: 120 + 336 s
     assert "7.6 min for 00, 01 on CPU (Xeon) with 2 CPUs, torch 2.13.0, 2026-12-07" in sentence
     assert "not recorded for 02, 03, 04" in sentence
+    cells, sentence = ct.compute_cells(["05_f.ipynb"])  # under a minute: seconds
+    assert cells == ["12 s"] and "12 s for 05 on CPU (x86_64, 8 logical cores), torch" in sentence
     _, none = ct.compute_cells(["04_e.ipynb"])
     assert "not recorded for any of them yet" in none and "min for" not in none
 
@@ -395,7 +399,7 @@ def test_each_syllabus_row_shows_what_its_notebook_recorded():
         if made is None:
             assert cell.strip() in ("not recorded", "(row above)")
         else:
-            assert cell.strip() in (f"{made['seconds'] / 60:.1f} min", "(row above)")
+            assert cell.strip() in (ct._duration(made["seconds"]), "(row above)")
 
 
 def test_the_check_ignores_a_new_compute_record_but_not_a_changed_plan(tmp_path, monkeypatch):

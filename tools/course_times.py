@@ -724,14 +724,19 @@ def recorded_run(name: str) -> dict | None:
 
 def _machine(made: dict) -> str:
     cpus = made.get("cpu_count")
+    device = f"{made.get('device', 'an unknown device')}"
     return (
-        f"{made.get('device', 'an unknown device')}"
-        + (f" with {cpus} CPUs" if cpus else "")
+        device
+        + (f" with {cpus} CPUs" if cpus and "core" not in device else "")
         + f", torch {made.get('torch', '?')}, {made.get('date', '?')}"
     )
 
 
 COMPUTE_SENTENCE = "Compute"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
 
 
 def compute_cells(notebooks: list[str]) -> tuple[list[str], str]:
@@ -750,11 +755,10 @@ def compute_cells(notebooks: list[str]) -> tuple[list[str], str]:
             cells.append("not recorded")
             missing.append(name[:2])
             continue
-        cells.append(f"{made['seconds'] / 60:.1f} min")
+        cells.append(_duration(made["seconds"]))
         by_machine.setdefault(_machine(made), []).append((name[:2], made["seconds"]))
     parts = [
-        f"{sum(sec for _, sec in runs) / 60:.1f} min for {', '.join(n for n, _ in runs)} "
-        f"on {machine}"
+        f"{_duration(sum(sec for _, sec in runs))} for {', '.join(n for n, _ in runs)} on {machine}"
         for machine, runs in by_machine.items()
     ]
     sentence = (
