@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,209 @@ def test_the_budget_check_sees_an_overlong_notebook_and_course(monkeypatch):
     problems = ct.budget_problems(est)
     assert sum("over the 5 a notebook may take" in p for p in problems) == len(est)
     assert any("over its 60" in p for p in problems)
+
+
+# --------------------------------------------------------------------------- the calibrated model
+
+
+def _exercise_notebook(tmp_path: Path) -> Path:
+    """Two exercises: one whose solution adds 4 lines (and repeats 1 it was given), one that
+    hands over a 10-line script to edit."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "buggy.py").write_text("\n".join(f"a{i} = {i}" for i in range(10)))
+    hidden = {"jupyter": {"source_hidden": True}}
+    return notebook(
+        tmp_path,
+        [
+            ("markdown", "## Exercises\n\n**Exercise 1: write it.** Write `f`.", {}),
+            ("code", "def f(x):\n    ...  # TODO\n\n\ncheck_f(f)", {}),
+            ("markdown", "### 2. Find the bug: a script\nFix it.", {}),
+            ("code", 'check_script("scripts/buggy.py")', {}),
+            ("markdown", "### Solutions", {}),
+            (
+                "code",
+                "# Solution to exercise 1 (expand to read)\n# why, in words\ndef f(x):\n"
+                "    y = x + 1\n    z = y * 2\n    w = z - 3\n    return w\n\n\n"
+                "check_f(f).assert_passed()",
+                hidden,
+            ),
+            ("code", "# Solution to exercise 2 (expand to read)\n# the script's fix", hidden),
+        ],
+    )
+
+
+def test_each_exercise_is_read_from_its_cells(tmp_path):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    work = est.section("Exercises").exercise_work
+    assert work["1"].title == "Exercise 1: write it."
+    # def f(x): was given; the comments and the checker's call are not written by the learner
+    assert (work["1"].written_lines, work["1"].script_lines) == (4, 0)
+    assert work["2"].title == "2. Find the bug: a script"
+    assert (work["2"].written_lines, work["2"].script_lines) == (0, 10)
+
+
+def test_the_calibrated_model_weighs_each_exercise_by_what_it_asks(tmp_path):
+    section = ct.estimate(_exercise_notebook(tmp_path)).section("Exercises")
+    cal = ct.CALIBRATED
+    assert section.exercise_minutes(ct.STATED) == [5, 5]  # the stated model: flat
+    assert section.exercise_minutes(cal) == pytest.approx(
+        [cal.min_per_exercise + 4 * cal.min_per_written_line, cal.min_per_exercise + 10 / 20]
+    )
+    words = section.words
+    assert section.minutes_under(cal) == pytest.approx(
+        words / 175 + section.code_lines / 20 + 2 * 0.25 + sum(section.exercise_minutes(cal))
+    )
+    assert ct.MODEL is ct.STATED and section.minutes == section.minutes_under(ct.STATED)
+
+
+def test_a_stated_weight_overrides_the_derivation_and_a_stale_one_is_reported(tmp_path):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    weight = ct.ExerciseWeight("99_test.ipynb", "find the bug: a script", 12, "a reason")
+    stale = ct.ExerciseWeight("99_test.ipynb", "no such title", 12, "a reason")
+    model = ct.TimeModel("t", 175, 20, 0.25, 5, 20, 0.5, True, (weight, stale))
+    assert est.section("Exercises").exercise_minutes(model)[1] == 12
+    (problem,) = ct.unmatched_weights({"99_test.ipynb": est}, model)
+    assert "'...no such title...'" in problem
+
+
+def test_the_weight_table_matches_the_notebooks_exercises():
+    """A renamed exercise must take its stated minutes along (or lose them here)."""
+    assert ct.unmatched_weights(ct.estimates(), ct.CALIBRATED) == []
+    for weight in ct.EXERCISE_WEIGHTS:
+        assert weight.reason and weight.minutes > ct.CALIBRATED.min_per_exercise
+
+
+def test_a_syllabus_keeping_the_first_exercise_counts_its_own_minutes(tmp_path, monkeypatch):
+    est = ct.estimate(_exercise_notebook(tmp_path))
+    monkeypatch.setattr(ct, "MODEL", ct.CALIBRATED)
+    section = est.section("Exercises")
+    each = section.exercise_minutes()
+    minutes, kept = ct.part_minutes_and_exercises(
+        ct.Part("99_test.ipynb", ("Exercises",), exercises=1), est
+    )
+    reading = section.minutes - sum(each)
+    assert kept == 1 and minutes == pytest.approx(reading / 2 + each[0])
+
+
+def test_model_switch_prints_the_calibrated_table_and_leaves_the_switch(capsys):
+    assert ct.main(["--model", "calibrated"]) == 0
+    out = capsys.readouterr().out
+    assert "| notebook | stated | this model | reviewer (issue 38) |" in out
+    assert ct.MODEL is ct.STATED
+    total = re.search(r"\| \*\*all\*\* \| (\d+) \| (\d+) \| (\d+) \|", out)
+    ests = ct.estimates()
+    assert int(total.group(1)) == sum(e.minutes for e in ests.values())
+    assert int(total.group(2)) == sum(
+        ct.round_up(sum(s.minutes_under(ct.CALIBRATED) for s in e.sections)) for e in ests.values()
+    )
+
+
+def test_the_formula_in_times_md_follows_the_model():
+    stated = "\n".join(ct.formula_lines(ct.STATED))
+    calibrated = "\n".join(ct.formula_lines(ct.CALIBRATED))
+    assert "150 words a minute" in stated and "Brysbaert" not in stated
+    assert "175 words a minute" in calibrated and "Brysbaert 2019" in calibrated
+    assert "per line its solution adds" in calibrated
+    assert all(w.title_phrase in calibrated for w in ct.EXERCISE_WEIGHTS)
+
+
+# --------------------------------------------------------------------------- compute time
+
+
+def _run_notebooks():
+    from conftest import load_file
+
+    return load_file(ROOT / "tools" / "run_notebooks.py", "run_notebooks")
+
+
+def test_a_completed_run_records_its_seconds_and_a_failed_one_none(monkeypatch):
+    rn = _run_notebooks()
+    made = {"date": "2026-12-24", "device": "CPU (test)", "torch": "2.13.0"}
+    monkeypatch.setattr(rn, "executed_with", lambda: made)
+    done, failed = types.SimpleNamespace(metadata={}), types.SimpleNamespace(metadata={})
+    rn.record_run(done, 12.345)
+    rn.record_run(failed)
+    recorded = done.metadata["tutorial_utils"]["executed_with"]
+    assert recorded == {**made, "seconds": 12.3, "cpu_count": os.cpu_count()}
+    assert failed.metadata["tutorial_utils"]["executed_with"] == made  # no seconds: not invented
+    assert "seconds" not in made  # the cached record is not changed
+
+
+@pytest.mark.slow
+def test_run_notebooks_saves_the_seconds_of_a_synthetic_notebook(tmp_path):
+    """A real kernel runs a synthetic notebook in place; its metadata gets the seconds."""
+    rn = _run_notebooks()
+    path = notebook(tmp_path, [("code", "import time\ntime.sleep(0.5)\nx = 1 + 1", {})])
+    nb = json.loads(path.read_text())
+    nb["cells"][0].update(id="c0", outputs=[], execution_count=None)
+    path.write_text(json.dumps(nb))
+    seconds = rn.run(path, True, timeout=120)
+    made = json.loads(path.read_text())["metadata"]["tutorial_utils"]["executed_with"]
+    # the kernel's start is outside the timed run; the 0.5 s sleep is inside it
+    assert 0.5 <= made["seconds"] <= round(seconds, 1) + 0.1
+    assert made["cpu_count"] == os.cpu_count() and made["device"] and made["date"]
+
+
+def _recorded(tmp_path: Path, name: str, executed_with) -> None:
+    meta = {"tutorial_utils": {"executed_with": executed_with}} if executed_with else {}
+    (tmp_path / name).write_text(json.dumps({"cells": [], "metadata": meta, "nbformat": 4}))
+
+
+def test_the_syllabi_show_recorded_compute_and_never_invent_it(tmp_path, monkeypatch):
+    machine = {"date": "2026-12-07", "device": "CPU (Xeon)", "torch": "2.13.0", "cpu_count": 2}
+    _recorded(tmp_path, "00_a.ipynb", {**machine, "seconds": 120.0})
+    _recorded(tmp_path, "01_b.ipynb", {**machine, "seconds": 336.0})
+    _recorded(tmp_path, "02_c.ipynb", {"date": "2026-12-07", "device": "CPU (Xeon)"})  # no seconds
+    _recorded(tmp_path, "03_d.ipynb", {**machine, "seconds": "fast"})  # not a number
+    _recorded(tmp_path, "04_e.ipynb", None)  # never recorded
+    laptop = {**machine, "device": "CPU (x86_64, 8 logical cores)", "cpu_count": 8}
+    _recorded(tmp_path, "05_f.ipynb", {**laptop, "seconds": 12.3})
+    monkeypatch.setattr(ct, "NOTEBOOKS", tmp_path)
+    names = ["00_a.ipynb", "00_a.ipynb", "01_b.ipynb", "02_c.ipynb", "03_d.ipynb", "04_e.ipynb"]
+    cells, sentence = ct.compute_cells(names)
+    assert cells == [
+        "2.0 min",
+        "(row above)",
+        "5.6 min",
+        "not recorded",
+        "not recorded",
+        "not recorded",
+    ]
+    # 00 counted once: 120 + 336 s
+    assert "7.6 min for 00, 01 on CPU (Xeon) with 2 CPUs, torch 2.13.0, 2026-12-07" in sentence
+    assert "not recorded for 02, 03, 04" in sentence
+    cells, sentence = ct.compute_cells(["05_f.ipynb"])  # under a minute: seconds
+    assert cells == ["12 s"] and "12 s for 05 on CPU (x86_64, 8 logical cores), torch" in sentence
+    _, none = ct.compute_cells(["04_e.ipynb"])
+    assert "not recorded for any of them yet" in none and "min for" not in none
+
+
+def test_each_syllabus_row_shows_what_its_notebook_recorded():
+    block = ct.render_syllabi(ct.estimates())
+    rows = re.findall(r"^\| `(\d\d\w*\.ipynb)` \| .* \| \d+ \| ([^|]+) \|$", block, re.M)
+    assert len(rows) == sum(len(s.parts) for s in ct.SYLLABI)
+    for name, cell in rows:
+        made = ct.recorded_run(name)
+        if made is None:
+            assert cell.strip() in ("not recorded", "(row above)")
+        else:
+            assert cell.strip() in (ct._duration(made["seconds"]), "(row above)")
+
+
+def test_the_check_ignores_a_new_compute_record_but_not_a_changed_plan(tmp_path, monkeypatch):
+    """Re-executing a notebook changes its recorded seconds: no --write needed for that."""
+    guide = tmp_path / "instructor-guide.md"
+    text = ct.GUIDE_MD.read_text()
+    ests = ct.estimates()
+    assert not [p for p in ct.other_problems(ests) if "syllabi" in p]
+    monkeypatch.setattr(ct, "GUIDE_MD", guide)
+    rows = re.compile(r"^(\| `\d\d\w*\.ipynb` \| .* \| \d+ \|) [^|]+ \|$", re.M)
+    guide.write_text(rows.sub(r"\1 9.9 min |", text))  # every compute cell different
+    guide.write_text(guide.read_text().replace("not recorded for any of them yet", "3 min"))
+    assert not [p for p in ct.other_problems(ests) if "syllabi" in p]
+    first = rows.search(text)
+    changed = first.group(1).rsplit("|", 2)[0] + "| 999 |"  # the minutes of one row
+    guide.write_text(text.replace(first.group(1), changed, 1))
+    assert [p for p in ct.other_problems(ests) if "syllabi" in p]
+    # and the stripped form is the plan alone: no compute word left
+    assert "compute" not in ct.without_compute(ct.render_syllabi(ests)).lower()

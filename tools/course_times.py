@@ -3,6 +3,7 @@
     python tools/course_times.py           # print the estimate per notebook and per section
     python tools/course_times.py --check   # exit 1 if a stated time or a syllabus disagrees
     python tools/course_times.py --write   # rewrite the stated times, docs/times.md, the syllabi
+    python tools/course_times.py --model calibrated   # issue 38's calibrated model, per exercise
 
 The formula (the same words are written into docs/times.md):
 
@@ -18,6 +19,18 @@ The formula (the same words are written into docs/times.md):
   try again); its collapsed solution cells count here, not as code to read;
 * **tasks**: ``MIN_PER_TASK`` minutes per open task (a ``## ... Your turn`` section, as in the
   capstone: design a solution, run it, measure, retry).
+
+Two models give the rates (``TimeModel``): ``STATED``, above, which every stated time follows
+today, and ``CALIBRATED`` (issue 38), which reads at ``BRYSBAERT_SLOW_WPM`` (the slow end of the
+adult range for non-fiction in Brysbaert's 2019 meta-analysis) and weighs each exercise by what it
+asks: ``MIN_PER_WRITTEN_LINE`` for each line its solution adds to the code the learner is given,
+the script it hands over to edit read as code, and a stated weight, with its reason, for the few
+in ``EXERCISE_WEIGHTS``. ``MODEL`` is the switch ``--check`` and ``--write`` follow; ``--model``
+overrides it for one run.
+
+The syllabi also show each notebook's compute time, as ``tools/run_notebooks.py`` recorded it in
+the notebook's metadata (``executed_with``: seconds, device, CPUs, date), or "not recorded";
+``--check`` compares the syllabi without it (a re-execution changes it), ``--write`` copies it.
 
 The Colab setup cell is not counted (it does nothing off Colab). A notebook's time is the sum of
 its sections' times rounded up to ``ROUND_TO`` minutes; a section is everything from one ``## ``
@@ -60,10 +73,105 @@ MIN_PER_EXERCISE = 5
 MIN_PER_TASK = 20  # an open task ("Your turn" in the capstone): design, try, measure, retry
 ROUND_TO = 5
 
+
+@dataclass(frozen=True)
+class TimeModel:
+    """The rates the formula reads with. ``STATED`` is the one every stated time comes from
+    today; ``CALIBRATED`` (issue 38) grounds the reading rate in a published figure and weighs
+    each exercise by what it asks. ``MODEL`` says which one ``--check`` and ``--write`` use."""
+
+    name: str
+    words_per_min: float
+    code_lines_per_min: float
+    min_per_cell: float
+    min_per_exercise: float  # the base of every exercise: try, run the checker, read the hint
+    min_per_task: float
+    min_per_written_line: float = 0.0  # each line a solution adds to the code given
+    read_edited_scripts: bool = False  # a script the exercise hands over to edit, read as code
+    weights: tuple[ExerciseWeight, ...] = ()  # stated minutes for a few exercises, with reasons
+
+    def exercise_minutes(self, ex: Exercise) -> float:
+        """Minutes for one exercise: a stated weight where the table has one, else derived."""
+        for weight in self.weights:
+            if weight.matches(ex):
+                return weight.minutes
+        minutes = self.min_per_exercise + ex.written_lines * self.min_per_written_line
+        if self.read_edited_scripts:
+            minutes += ex.script_lines / self.code_lines_per_min
+        return minutes
+
+
+@dataclass(frozen=True)
+class ExerciseWeight:
+    """Minutes stated for one exercise, found by its notebook and a phrase of its title."""
+
+    notebook: str
+    title_phrase: str
+    minutes: float
+    reason: str
+
+    def matches(self, ex: Exercise) -> bool:
+        return ex.notebook == self.notebook and self.title_phrase.lower() in ex.title.lower()
+
+
+#: Brysbaert (2019), "How many words do we read per minute? A review and meta-analysis of
+#: reading rate", Journal of Memory and Language 109, 104047: adults read English non-fiction
+#: silently at 238 words a minute on average, most of them between 175 and 300. The calibrated
+#: model reads at the slow end of that range: dense technical prose, read to learn.
+BRYSBAERT_SLOW_WPM = 175
+#: A learner writes about two lines of new code a minute, thinking included: the course's
+#: assumption (no published rate found for this), applied to each line a solution adds.
+MIN_PER_WRITTEN_LINE = 0.5
+#: The few exercises whose work the derivation (lines written, script read) cannot see. Keep it
+#: small; tests/test_course_times.py fails when a row matches no exercise.
+EXERCISE_WEIGHTS: tuple[ExerciseWeight, ...] = (
+    ExerciseWeight(
+        "03_where_memory_goes.ipynb",
+        "predict a Llama-style block",
+        15,
+        "an investigation, not code: list the saved tensors with section 3's hook on a new "
+        "block, then derive the formula; 15 min is issue 38's reviewer's estimate",
+    ),
+    ExerciseWeight(
+        "10_tensor_and_sequence_parallelism.ipynb",
+        "a 2-D run whose loss",
+        15,
+        "a two-line fix that needs the 2-D mesh's rank coordinates reasoned through for three "
+        "mesh shapes; 15 min is issue 38's reviewer's estimate",
+    ),
+)
+STATED = TimeModel(
+    "stated", WORDS_PER_MIN, CODE_LINES_PER_MIN, MIN_PER_CELL, MIN_PER_EXERCISE, MIN_PER_TASK
+)
+CALIBRATED = TimeModel(
+    "calibrated",
+    BRYSBAERT_SLOW_WPM,
+    CODE_LINES_PER_MIN,
+    MIN_PER_CELL,
+    MIN_PER_EXERCISE,
+    MIN_PER_TASK,
+    min_per_written_line=MIN_PER_WRITTEN_LINE,
+    read_edited_scripts=True,
+    weights=EXERCISE_WEIGHTS,
+)
+MODELS = {m.name: m for m in (STATED, CALIBRATED)}
+#: The switch: every stated time follows this model. Flip it to CALIBRATED, then run
+#: ``--write`` (which rewrites the stated times) once the notebooks fit it.
+MODEL = STATED
+#: Issue 38's reviewer's estimate for a careful learner, minutes per notebook (by number), shown
+#: beside the calibrated model's by ``--model calibrated``; not used by any check.
+REVIEWER_MIN = {
+    "00": 35, "01": 40, "02": 30, "03": 70, "04": 55, "05": 55,
+    "06": 60, "07": 55, "08": 40, "09": 45, "10": 55, "11": 45,
+}  # fmt: skip
+
 SETUP_MARK = "# Colab only:"
 TIME_RE = re.compile(r"\*\*Time:\*\*\s*(?:about\s+)?(\d+)\s+minutes\.?")
 WORD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'.\-]*")
 EXERCISE_RE = re.compile(r"Exercise\s+(\d+)|^###\s+(\d+)\.", re.MULTILINE)
+SOLUTION_RE = re.compile(r"\A#\s*Solution to exercise\s+(\d+)", re.IGNORECASE)
+CHECK_CALL_RE = re.compile(r"\bcheck_\w+\(|\bgrade\(|\.assert_passed\(")
+SCRIPT_RE = re.compile(r"[\"']([\w./-]+\.py)[\"']")
 BEGIN_MINUTES = "# BEGIN MINUTES (written by tools/course_times.py --write)"
 END_MINUTES = "# END MINUTES"
 BEGIN_SYLLABI = "<!-- BEGIN SYLLABI (written by tools/course_times.py --write; do not edit) -->"
@@ -81,21 +189,77 @@ class Section:
     cells: int = 0
     exercise_ids: set[str] = field(default_factory=set)  # "Exercise 2" mentioned twice: one
     tasks: int = 0
+    # what each exercise asks, by its number (filled once the whole notebook is read)
+    exercise_work: dict[str, Exercise] = field(default_factory=dict)
 
     @property
     def exercises(self) -> int:
         return len(self.exercise_ids)
 
+    def exercise_minutes(self, model: TimeModel | None = None) -> list[float]:
+        """Minutes of each exercise of this section, in the order they are numbered."""
+        model = model or MODEL
+        return [
+            model.exercise_minutes(self.exercise_work.get(n) or Exercise(n))
+            for n in sorted(self.exercise_ids, key=_number_key)
+        ]
+
+    def minutes_under(self, model: TimeModel) -> float:
+        """Unrounded minutes for this section, by ``model``'s formula."""
+        return (
+            self.words / model.words_per_min
+            + (self.code_lines + self.shown_lines) / model.code_lines_per_min
+            + self.cells * model.min_per_cell
+            + sum(self.exercise_minutes(model))
+            + self.tasks * model.min_per_task
+        )
+
     @property
     def minutes(self) -> float:
-        """Unrounded minutes for this section, by the formula."""
-        return (
-            self.words / WORDS_PER_MIN
-            + (self.code_lines + self.shown_lines) / CODE_LINES_PER_MIN
-            + self.cells * MIN_PER_CELL
-            + self.exercises * MIN_PER_EXERCISE
-            + self.tasks * MIN_PER_TASK
-        )
+        """Unrounded minutes for this section, by the formula of ``MODEL``."""
+        return self.minutes_under(MODEL)
+
+
+@dataclass
+class Exercise:
+    """What one exercise asks, read from the notebook: the lines its solution adds to the code
+    the learner is given (a predicted number: one or two; a function to write: its body), and
+    the lines of a script it hands over to edit (a script the checker launches)."""
+
+    number: str
+    notebook: str = ""
+    title: str = ""
+    written_lines: int = 0
+    script_lines: int = 0
+
+
+def _number_key(number: str) -> tuple[int, str]:
+    return (int(number), number) if number.isdigit() else (10**6, number)
+
+
+def written_lines(solution: str, given: str) -> int:
+    """Non-blank code lines of ``solution`` that are not in ``given`` (the exercise's cell as
+    shipped), comments and the checker's call left out: what a learner has to write."""
+    shipped = {line.strip() for line in given.splitlines()}
+    return sum(
+        1
+        for line in solution.splitlines()
+        if line.strip()
+        and not line.strip().startswith("#")
+        and line.strip() not in shipped
+        and not CHECK_CALL_RE.search(line)
+    )
+
+
+def edited_script_lines(given: str, where: Path) -> int:
+    """Non-blank lines of the scripts an exercise's cell names (``"scripts/x.py"``), which the
+    learner opens and edits; paths are relative to the notebook's folder."""
+    total = 0
+    for rel in dict.fromkeys(SCRIPT_RE.findall(given)):
+        path = where / rel
+        if path.is_file():
+            total += _nonblank(path.read_text(encoding="utf-8"))
+    return total
 
 
 @dataclass
@@ -188,6 +352,10 @@ def estimate(path: Path) -> Estimate:
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"{path} is not a readable notebook: {exc}") from exc
     result = Estimate(path.name, [Section("Intro")])
+    current = None  # the exercise whose cells these are
+    titles: dict[str, str] = {}
+    given: dict[str, str] = {}  # each exercise's code cells as shipped
+    solutions: dict[str, str] = {}
     for cell in cells:
         text = _source(cell)
         if cell.get("cell_type") == "markdown":
@@ -195,20 +363,42 @@ def estimate(path: Path) -> Estimate:
             for part in re.split(r"(?m)^(?=## )", text):
                 if part.startswith("## "):
                     result.sections.append(Section(part.splitlines()[0][3:].strip()))
+                    current = None
                 section = result.sections[-1]
                 # The stated time itself is not counted: writing it must not change the estimate.
                 section.words += len(WORD_RE.findall(TIME_RE.sub("", part)))
                 if section.heading.lower().startswith("exercises"):
+                    found = EXERCISE_RE.search(part)
+                    if found:  # the first one a cell names is the one it sets
+                        current = found.group(1) or found.group(2)
+                        line = part[part.rfind("\n", 0, found.start()) + 1 :].splitlines()[0]
+                        bold = re.search(r"\*\*(.+?)\*\*", line)
+                        title = bold.group(1) if bold else line.strip("# ")
+                        titles.setdefault(current, title.strip()[:80])
                     section.exercise_ids |= {a or b for a, b in EXERCISE_RE.findall(part)}
                 if part.startswith("## ") and "your turn" in part.splitlines()[0].lower():
                     section.tasks += 1
         elif cell.get("cell_type") == "code":
+            solved = SOLUTION_RE.match(text.strip())
+            if solved:
+                solutions[solved.group(1)] = text
             if text.startswith(SETUP_MARK) or _hidden(cell) or not text.strip():
                 continue
+            if current is not None:
+                given[current] = given.get(current, "") + text + "\n"
             section = result.sections[-1]
             section.cells += 1
             section.code_lines += _nonblank(text)
             section.shown_lines += shown_lines(text, path.parent)
+    for section in result.sections:
+        for number in section.exercise_ids:
+            section.exercise_work[number] = Exercise(
+                number,
+                path.name,
+                titles.get(number, ""),
+                written_lines(solutions.get(number, ""), given.get(number, "")),
+                edited_script_lines(given.get(number, ""), path.parent),
+            )
     return result
 
 
@@ -339,12 +529,16 @@ def part_minutes_and_exercises(part: Part, est: Estimate) -> tuple[float, int]:
     """Unrounded minutes of ``part`` and how many exercises it teaches in the room."""
     minutes, exercises = 0.0, 0
     for section in part_sections(part, est):
-        share = 1.0
         if _is_exercises(section) and part.exercises is not True and section.exercises:
+            # the first n exercises by their own minutes; the section's reading pro rata
             kept = min(int(part.exercises), section.exercises)
-            share = kept / section.exercises
-        minutes += section.minutes * share
-        exercises += round(section.exercises * share)
+            each = section.exercise_minutes()
+            rest = section.minutes - sum(each)
+            minutes += rest * kept / section.exercises + sum(each[:kept])
+            exercises += kept
+        else:
+            minutes += section.minutes
+            exercises += section.exercises
     return minutes, exercises
 
 
@@ -407,6 +601,59 @@ def check_syllabus(syllabus: Syllabus, ests: dict[str, Estimate]) -> list[str]:
 # --------------------------------------------------------------------------- rendering
 
 
+def formula_lines(model: TimeModel) -> list[str]:
+    """The formula of ``model`` in words, one markdown bullet a term."""
+    reading = (
+        f"- **Reading**: the words of the markdown cells at {model.words_per_min:g} words a minute "
+    )
+    if model.words_per_min == BRYSBAERT_SLOW_WPM:
+        reading += (
+            "(the slow end of the 175-300 that most adults read English non-fiction at, "
+            "silently; mean 238: Brysbaert 2019, *J. Memory and Language* 109, 104047)."
+        )
+    else:
+        reading += "(technical prose read with care)."
+    if model.min_per_written_line or model.read_edited_scripts or model.weights:
+        exercises = (
+            f"- **Exercises**: {model.min_per_exercise:g} minutes per exercise (try, run the "
+            "checker, read the hint, try again), plus "
+            f"{model.min_per_written_line:g} minutes per line its solution adds to the code "
+            "given (comments and the checker's call left out: the course's assumption, about "
+            "two lines of new code a minute)"
+            + (
+                ", plus the script it hands over to edit, read as code"
+                if model.read_edited_scripts
+                else ""
+            )
+            + ". Collapsed solution cells count here, not as code to read."
+        )
+    else:
+        exercises = (
+            f"- **Exercises**: {model.min_per_exercise:g} minutes per exercise (try, run the "
+            "checker, read the hint, try again). Collapsed solution cells count here, not as "
+            "code to read."
+        )
+    lines = [
+        reading,
+        f"- **Code**: the non-blank lines of the code cells a learner runs, at "
+        f"{model.code_lines_per_min:g} lines a minute (read and understood, not typed).",
+        "- **Shown scripts**: the non-blank lines of the scripts a code cell displays "
+        "(`Code(filename=...)`, or `tutorial_utils.listing.show(path, *names)` for the named "
+        "functions only), read at the same rate as code.",
+        f"- **Running**: {model.min_per_cell:g} minutes per code cell (run it, wait, look at the "
+        "output).",
+        exercises,
+        *(
+            f'  - `{w.notebook}`, the exercise titled "...{w.title_phrase}...": '
+            f"{w.minutes:g} minutes, stated: {w.reason}."
+            for w in model.weights
+        ),
+        f"- **Tasks**: {model.min_per_task:g} minutes per open task, a `## ... Your turn` "
+        "section (the capstone's: design a solution, run it, measure, retry).",
+    ]
+    return lines
+
+
 def render_times_md(ests: dict[str, Estimate]) -> str:
     lines = [
         "# How long each notebook takes",
@@ -419,19 +666,7 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
         "",
         "## The formula",
         "",
-        f"- **Reading**: the words of the markdown cells at {WORDS_PER_MIN} words a minute "
-        "(technical prose read with care).",
-        f"- **Code**: the non-blank lines of the code cells a learner runs, at "
-        f"{CODE_LINES_PER_MIN} lines a minute (read and understood, not typed).",
-        "- **Shown scripts**: the non-blank lines of the scripts a code cell displays "
-        "(`Code(filename=...)`, or `tutorial_utils.listing.show(path, *names)` for the named "
-        "functions only), read at the same rate as code.",
-        f"- **Running**: {MIN_PER_CELL:g} minutes per code cell (run it, wait, look at the "
-        "output).",
-        f"- **Exercises**: {MIN_PER_EXERCISE} minutes per exercise (try, run the checker, read "
-        "the hint, try again). Collapsed solution cells count here, not as code to read.",
-        f"- **Tasks**: {MIN_PER_TASK} minutes per open task, a `## ... Your turn` section (the "
-        "capstone's: design a solution, run it, measure, retry).",
+        *formula_lines(MODEL),
         "",
         "The Colab setup cell is not counted. A notebook's time is the sum over its sections,",
         f"rounded up to {ROUND_TO} minutes. The time the cells take to compute is not in the "
@@ -473,10 +708,94 @@ def render_times_md(ests: dict[str, Estimate]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def recorded_run(name: str) -> dict | None:
+    """What tools/run_notebooks.py recorded in notebook ``name``'s metadata about the run that
+    made its saved outputs, when that record has the run's seconds; None otherwise."""
+    try:
+        nb = json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    made = nb.get("metadata", {}).get("tutorial_utils", {}).get("executed_with")
+    seconds = made.get("seconds") if isinstance(made, dict) else None
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+        return made
+    return None
+
+
+def _machine(made: dict) -> str:
+    cpus = made.get("cpu_count")
+    device = f"{made.get('device', 'an unknown device')}"
+    return (
+        device
+        + (f" with {cpus} CPUs" if cpus and "core" not in device else "")
+        + f", torch {made.get('torch', '?')}, {made.get('date', '?')}"
+    )
+
+
+COMPUTE_SENTENCE = "Compute"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def compute_cells(notebooks: list[str]) -> tuple[list[str], str]:
+    """For a syllabus's rows (one notebook each, a notebook maybe twice): what each row shows
+    in its compute column, and one sentence for the day, both from the recorded runs only."""
+    cells, seen = [], set()
+    by_machine: dict[str, list[tuple[str, float]]] = {}
+    missing = []
+    for name in notebooks:
+        made = recorded_run(name)
+        if name in seen:
+            cells.append("(row above)")
+            continue
+        seen.add(name)
+        if made is None:
+            cells.append("not recorded")
+            missing.append(name[:2])
+            continue
+        cells.append(_duration(made["seconds"]))
+        by_machine.setdefault(_machine(made), []).append((name[:2], made["seconds"]))
+    parts = [
+        f"{_duration(sum(sec for _, sec in runs))} for {', '.join(n for n, _ in runs)} on {machine}"
+        for machine, runs in by_machine.items()
+    ]
+    sentence = (
+        COMPUTE_SENTENCE
+        + ", the time the cells take when each notebook runs top to bottom once, as "
+        "`tools/run_notebooks.py` recorded it when these syllabi were written (a whole notebook "
+        "even where a part is taught; not in the teaching minutes): "
+        + ("; ".join(parts) if parts else "not recorded for any of them yet")
+        + (
+            f"; not recorded for {', '.join(missing)} (`tools/run_notebooks.py --inplace` "
+            "records it)."
+            if missing and parts
+            else "."
+        )
+    )
+    return cells, sentence
+
+
+def without_compute(syllabi: str) -> str:
+    """The syllabi block without its compute sentences and column: what ``--check`` compares.
+    Compute is a measurement that every re-execution of a notebook changes (``--write`` copies
+    the latest into the guide); the plan, minutes and exercises must agree always."""
+    lines = syllabi.splitlines()
+    kept = [
+        line
+        for i, line in enumerate(lines)
+        if not line.startswith(COMPUTE_SENTENCE)
+        and not (i and lines[i - 1].startswith(COMPUTE_SENTENCE) and not line)
+    ]
+    return "\n".join(re.sub(r"^(\|.*\|) [^|]+ \|$", r"\1", line) for line in kept)
+
+
 def render_syllabi(ests: dict[str, Estimate]) -> str:
     out = [BEGIN_SYLLABI, ""]
     for syllabus in SYLLABI:
         rows = syllabus_rows(syllabus, ests)
+        compute, compute_sentence = compute_cells([nb for nb, _, _ in rows])
         teaching = sum(m for _, _, m in rows)
         out += [
             f"### {syllabus.name[0].upper()}{syllabus.name[1:]}",
@@ -491,10 +810,15 @@ def render_syllabi(ests: dict[str, Estimate]) -> str:
             )
             + f", in a {syllabus.slot_min}-minute slot. Left out: {syllabus.skipped}.",
             "",
-            "| notebook | what | minutes |",
-            "| --- | --- | ---: |",
+            compute_sentence,
+            "",
+            "| notebook | what | minutes | compute |",
+            "| --- | --- | ---: | ---: |",
         ]
-        out += [f"| `{nb}` | {what} | {m} |" for nb, what, m in rows]
+        out += [
+            f"| `{nb}` | {what} | {m} | {c} |"
+            for (nb, what, m), c in zip(rows, compute, strict=True)
+        ]
         out.append("")
     out.append(END_SYLLABI)
     return "\n".join(out)
@@ -559,7 +883,8 @@ def other_problems(ests: dict[str, Estimate]) -> list[str]:
     if not TIMES_MD.exists() or TIMES_MD.read_text(encoding="utf-8") != render_times_md(ests):
         out.append(f"{TIMES_MD.name} is out of date")
     guide = GUIDE_MD.read_text(encoding="utf-8") if GUIDE_MD.exists() else ""
-    if render_syllabi(ests) not in guide:
+    block = re.search(re.escape(BEGIN_SYLLABI) + r".*?" + re.escape(END_SYLLABI), guide, re.S)
+    if not block or without_compute(render_syllabi(ests)) != without_compute(block.group(0)):
         out.append(f"the syllabi in {GUIDE_MD.name} are out of date")
     for syllabus in SYLLABI:
         out += check_syllabus(syllabus, ests)
@@ -569,7 +894,7 @@ def other_problems(ests: dict[str, Estimate]) -> list[str]:
 def problems(ests: dict[str, Estimate]) -> list[str]:
     """Every place where a stated time disagrees with the estimate, one sentence each."""
     found = [p for name, est in ests.items() for p in notebook_problems(name, est)]
-    return found + budget_problems(ests) + other_problems(ests)
+    return found + budget_problems(ests) + other_problems(ests) + unmatched_weights(ests, MODEL)
 
 
 def budget_problems(ests: dict[str, Estimate]) -> list[str]:
@@ -631,11 +956,88 @@ def write(ests: dict[str, Estimate], notebooks: list[str] | None = None) -> list
     return changed
 
 
+def model_table(ests: dict[str, Estimate]) -> str:
+    """``MODEL``'s minutes per notebook beside the stated ones and issue 38's reviewer's, then
+    each exercise's minutes and what they were derived from (markdown)."""
+    lines = [
+        f"Model {MODEL.name!r}: minutes per notebook",
+        "",
+        "| notebook | stated | this model | reviewer (issue 38) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    stated = {name: stated_time(NOTEBOOKS / name) for name in ests}
+    for name, est in ests.items():
+        lines.append(
+            f"| `{name}` | {stated[name]} | {est.minutes} | {REVIEWER_MIN.get(name[:2], '-')} |"
+        )
+    lines.append(
+        f"| **all** | {sum(v or 0 for v in stated.values())} | "
+        f"{sum(e.minutes for e in ests.values())} | "
+        f"{sum(REVIEWER_MIN.get(n[:2], 0) for n in ests)} |"
+    )
+    read = [n for n in ests if n[:2] in REVIEWER_MIN]
+    if len(read) < len(ests):  # notebooks the reviewer did not read: the totals of the others
+        lines.append(
+            f"| **the {len(read)} the reviewer read** | {sum(stated[n] or 0 for n in read)} | "
+            f"{sum(ests[n].minutes for n in read)} | "
+            f"{sum(REVIEWER_MIN[n[:2]] for n in read)} |"
+        )
+    lines += [
+        "",
+        "Each exercise: the lines its solution adds, the lines of a script it hands over, minutes",
+        "",
+        "| notebook | exercise | lines written | script lines | minutes |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for name, est in ests.items():
+        for section in est.sections:
+            for number in sorted(section.exercise_ids, key=_number_key):
+                ex = section.exercise_work[number]
+                stated_weight = any(w.matches(ex) for w in MODEL.weights)
+                lines.append(
+                    f"| `{name[:2]}` | {ex.title or number} | {ex.written_lines} | "
+                    f"{ex.script_lines} | {MODEL.exercise_minutes(ex):.1f}"
+                    + (" (stated)" if stated_weight else "")
+                    + " |"
+                )
+    return "\n".join(lines)
+
+
+def unmatched_weights(ests: dict[str, Estimate], model: TimeModel = CALIBRATED) -> list[str]:
+    """Rows of ``model``'s weight table that match no exercise of the notebooks (one sentence
+    each): a renamed or removed exercise leaves its stated minutes behind."""
+    exercises = [
+        ex for est in ests.values() for s in est.sections for ex in s.exercise_work.values()
+    ]
+    return [
+        f"the weight table states {w.minutes:g} min for an exercise of {w.notebook} titled "
+        f"'...{w.title_phrase}...', and no exercise there has that title"
+        for w in model.weights
+        if not any(w.matches(ex) for ex in exercises)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
+    global MODEL  # --model sets it for this run only
+    previous = MODEL
+    try:
+        return _main(argv)
+    finally:
+        MODEL = previous
+
+
+def _main(argv: list[str] | None) -> int:
+    global MODEL
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 if any stated time disagrees")
     mode.add_argument("--write", action="store_true", help="rewrite every stated time")
+    parser.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        help=f"the time model to use for this run (default: {MODEL.name}, the MODEL switch); "
+        "printing with another model adds the per-exercise minutes and issue 38's estimate",
+    )
     parser.add_argument(
         "--only",
         action="append",
@@ -645,6 +1047,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.only and not args.write:
         parser.error("--only goes with --write")
+    if args.model:
+        MODEL = MODELS[args.model]
     ests = estimates()
     if args.only:
         unknown = [n for n in args.only if n not in ests]
@@ -667,6 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
         if found:
             print("run: python tools/course_times.py --write")
         return 1 if found else 0
+    if MODEL is not STATED:
+        print(model_table(ests))
+        return 0
     for name, est in ests.items():
         print(f"{name:50} {est.minutes:4d} min")
         for s in est.sections:

@@ -5,7 +5,9 @@
     python tools/run_notebooks.py --output-dir D --report R.json NB...   # what gpu_check runs
 
 Each notebook saved records what made its outputs in its metadata (``executed_with``: the
-date, the device, torch), which the course's site shows on the notebook's page.
+date, the device, torch, the machine's CPU count and, for a run that completed, the seconds it
+took), which the course's site shows on the notebook's page and the instructor guide's syllabi
+add up as compute time (tools/course_times.py).
 
 Cells tagged ``raises-exception`` (or marked ``# NBVAL_RAISES_EXCEPTION``) may raise; any
 other error stops that notebook and is reported with the cell that failed. Nothing is compared
@@ -56,9 +58,15 @@ def executed_with() -> dict:
     return {"date": date, "device": device, "torch": torch.__version__}
 
 
-def record_run(nb) -> None:
-    """Write ``executed_with()`` into the notebook's metadata (key ``tutorial_utils``)."""
-    nb.metadata.setdefault("tutorial_utils", {})["executed_with"] = executed_with()
+def record_run(nb, seconds: float | None = None) -> None:
+    """Write ``executed_with()`` into the notebook's metadata (key ``tutorial_utils``), with
+    ``seconds``, the wall time of a run that completed, and the CPUs it had beside it (a run
+    that failed records none: its time is not the notebook's)."""
+    made = dict(executed_with())
+    if seconds is not None:
+        made["seconds"] = round(seconds, 1)
+        made["cpu_count"] = os.cpu_count()
+    nb.metadata.setdefault("tutorial_utils", {})["executed_with"] = made
 
 
 def _failed_cell(nb) -> dict:
@@ -91,14 +99,15 @@ def run(path: Path, inplace: bool, timeout: int, output: Path | None = None) -> 
         resources={"metadata": {"path": str(path.parent)}},
     )
     start = time.perf_counter()
+    elapsed = None
     try:
         client.execute()
+        elapsed = time.perf_counter() - start
     finally:
-        record_run(nb)
+        record_run(nb, elapsed)
         if output is not None:  # keep what ran, failed or not: it shows where it stopped
             output.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, output)
-    elapsed = time.perf_counter() - start
     if inplace:
         nbformat.write(nb, path)
     return elapsed
