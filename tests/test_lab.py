@@ -125,6 +125,15 @@ def test_token_folders_of_dead_launchers_are_removed_and_live_ones_kept(tmp_path
     assert live.is_dir() and other.is_dir() and not stale.exists() and not old_style.exists()
 
 
+def test_stale_token_folders_go_where_there_are_no_uids(tmp_path, monkeypatch):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"tutorial-lab-{dead.pid}-abc"
+    stale.mkdir()
+    monkeypatch.delattr(os, "getuid")  # Windows: no uids (its temp folder is the user's own)
+    assert lab._remove_stale_token_folders(tmp_path) == [stale]
+
+
 def test_the_token_folder_names_its_launcher(tmp_path, monkeypatch):
     monkeypatch.setattr(lab.tempfile, "tempdir", str(tmp_path))
     path = lab._write_token_file("secret")

@@ -143,7 +143,8 @@ def _remove_stale_token_folders(tmp: str | Path | None = None) -> list[Path]:
     with contextlib.suppress(OSError):
         for folder in Path(tmp or tempfile.gettempdir()).glob(f"{_FOLDER_PREFIX}*"):
             with contextlib.suppress(OSError):
-                if not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                mine = not hasattr(os, "getuid") or folder.stat().st_uid == os.getuid()
+                if not folder.is_dir() or not mine:  # Windows has no uids: its temp is per user
                     continue
                 pid_text = folder.name[len(_FOLDER_PREFIX) :].split("-", 1)[0]
                 owner_alive = False
