@@ -35,6 +35,7 @@ MINUTES: dict[str, int] = {
     "09_zero_and_fsdp2.ipynb": 35,
     "10_tensor_and_sequence_parallelism.ipynb": 40,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
+    "14_when_a_job_hangs.ipynb": 35,
 }
 # END MINUTES
 
@@ -48,12 +49,13 @@ class Notebook:
 
     @property
     def track(self) -> str:
-        """Its track: the first of TRACKS (00-06, capstone 1) or the second (07-11, capstone 2)."""
-        return TRACKS[self.filename >= "07"]
+        """Its track: the first of TRACKS (00-06, capstone 1), the second (07-11, capstone 2),
+        or the third, the electives at scale (12 on)."""
+        return TRACKS[(self.filename >= "07") + (self.filename >= "12")]
 
 
-#: The two tracks, in order; each ends in a capstone.
-TRACKS = ("one device", "several devices")
+#: The tracks, in order: the first two end in a capstone; the third holds electives.
+TRACKS = ("one device", "several devices", "at scale")
 
 NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook(
@@ -127,6 +129,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Capstone 2: make it fit across ranks",
         MINUTES["11_capstone_make_it_fit_across_ranks.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
+    ),
+    Notebook(
+        "14_when_a_job_hangs.ipynb",
+        "When a job hangs: timeouts, monitored barriers, fingerprints, the flight recorder",
+        MINUTES["14_when_a_job_hangs.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL, cited)",
     ),
 )
 
