@@ -143,9 +143,16 @@ def test_a_collective_the_stand_in_lacks_is_named():
 
 @pytest.mark.slow
 def test_the_broken_job_hangs_where_the_reference_says():
+    """Its group's 3-s timeout ends the hang, nothing is left running, and the reference found
+    in the real flight records is the one the tests above assume."""
+    import psutil
+
     from tutorial_utils.distributed import launch
 
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     job = launch(SCRIPTS / "broken_job.py", nproc=2, timeout=120, echo=None)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert not left, f"the hung job left processes behind: {left}"
     assert job.exit_problem and "rank 0" in job.exit_problem
     assert {k: v for k, v in hang_in(job.reports).items()} == {
         **ANSWER,
