@@ -38,10 +38,10 @@ def lab(rank: int) -> dict:
         lambda: dist.all_reduce(torch.ones(4), group=skip) if rank == 0 else None
     )
     dist.barrier()  # every rank, on the default group (30 minutes), before the next case
-    # 2. rank 1 is 3 s late: a monitored barrier on rank 0 names it
+    # 2. rank 1 is 4 s late: a monitored barrier on rank 0 names it
     late = dist.new_group(timeout=TIMEOUT)
     if rank == 1:
-        time.sleep(3 * TIMEOUT.total_seconds() / 2)
+        time.sleep(2 * TIMEOUT.total_seconds())
     found["monitored"] = attempt(lambda: dist.monitored_barrier(late, TIMEOUT, wait_all_ranks=True))
     dist.barrier()
     # 3. with DETAIL, a group first compares each collective's fingerprint across ranks
