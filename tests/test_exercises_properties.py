@@ -629,6 +629,13 @@ def test_accumulated_clipped_step_rejects_steps_without_the_scaler(returned):
 
 
 @PROPERTY
+@given(answer=st.one_of(garbage, st.floats(0, 1000), st.sampled_from([75, 75.0, 230.6, 0.6])))
+def test_timeout_rejects_wrong_answers(answer):
+    assume(not _plain_number(answer, 150.0))
+    assert rejected(hangs.check_timeout(answer))
+
+
+@PROPERTY
 @given(
     answer=st.one_of(
         garbage,

@@ -1,7 +1,7 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 120 wrong answers: 102 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
-they launch real ranks) and 18 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
+This file holds 124 wrong answers: 105 plain mistakes in ``PLAIN`` (7 of them marked ``slow``:
+they launch real ranks) and 19 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
 ``PLAIN``: the wrong answers a learner really writes, at least two for every checker (every
@@ -1357,7 +1357,26 @@ PLAIN = [
         ("not one process's",),
         _SLOW,
     ),
-    # 14 exercise 1: the rank and the collective that hang the broken job
+    # 14 exercise 1: a timeout twice the longest legitimate wait
+    Mistake(
+        "hangs.check_timeout",
+        "the longest wait itself, without the margin",
+        lambda: hangs.check_timeout(max(hangs.WAITS.values())),
+        ("no margin",),
+    ),
+    Mistake(
+        "hangs.check_timeout",
+        "every wait added up, then doubled",
+        lambda: hangs.check_timeout(2 * sum(hangs.WAITS.values())),
+        ("added up",),
+    ),
+    Mistake(
+        "hangs.check_timeout",
+        "twice a normal step",
+        lambda: hangs.check_timeout(2 * min(hangs.WAITS.values())),
+        ("kills a healthy job",),
+    ),
+    # 14 exercise 2: the rank and the collective that hang the broken job
     Mistake(
         "hangs.check_hang",
         "rank 0, whose error the launch shows",
@@ -1376,7 +1395,7 @@ PLAIN = [
         lambda: _hang(op="all_reduce"),
         ("another operation",),
     ),
-    # 14 exercise 2: the same collectives on every rank
+    # 14 exercise 3: the same collectives on every rank
     Mistake(
         "hangs.check_same_collectives",
         "the count's all_reduce deleted instead of moved",
@@ -1588,6 +1607,7 @@ TRICKS = {
         precision.check_accumulated_clipped_step(_whole_batch_and_detached_scales)
     ),
     "10 batch_for: every row twice": lambda: sharding.check_batch_for(_every_row_twice),
+    "14 timeout: an int whose __eq__ says yes": lambda: hangs.check_timeout(LyingInt(75)),
     "14 hang: a rank and a number whose __eq__ says yes": lambda: hangs.check_hang(
         {"rank": LyingInt(0), "op": "all_gather", "seq": LyingInt(20)}, broken_job_reports()
     ),

@@ -35,7 +35,7 @@ MINUTES: dict[str, int] = {
     "09_zero_and_fsdp2.ipynb": 35,
     "10_tensor_and_sequence_parallelism.ipynb": 40,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
-    "14_when_a_job_hangs.ipynb": 35,
+    "14_when_a_job_hangs.ipynb": 40,
 }
 # END MINUTES
 

@@ -1,5 +1,7 @@
 """Checkers for notebook 14 (when a job hangs).
 
+* ``check_timeout``: the learner picks a process group's timeout for a job whose legitimate
+  waits are given (``WAITS``): twice the longest of them, since the waits happen one at a time.
 * ``check_hang``: the learner reads what a hung job's tools printed (each rank's Python stack
   and flight record) and names the rank that hangs and the collective it never reached. The
   reference is found in the ranks' flight records first, from a private copy: in a group where
@@ -18,19 +20,81 @@ import contextlib
 import copy
 import io
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import Feedback, checker
-from .answers import describe, tensor_number, whole_number
+from .answers import describe, finite_number, number_problem, tensor_number, whole_number
 
-__all__ = ["check_hang", "check_same_collectives", "hang_in"]
+__all__ = ["MARGIN", "WAITS", "check_hang", "check_same_collectives", "check_timeout", "hang_in"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 1: which rank hangs, in which collective
+# Exercise 1: a timeout that outlasts every legitimate wait
+
+#: Notebook 14's job: how long its ranks wait for one another when nothing is wrong, in seconds
+WAITS = {
+    "the first step: rank 0 compiles the model, the others wait in the first all_reduce": 75.0,
+    "every 500 steps: rank 0 writes a checkpoint, the others wait at a barrier": 40.0,
+    "any other step: the ranks wait for the slowest one's gradients": 0.3,
+}
+MARGIN = 2  # the timeout: this many times the longest legitimate wait
+
+
+@checker(answers=("seconds",), zero=True)
+def check_timeout(seconds: object) -> Feedback:
+    """``seconds``: the timeout to give ``init_process_group`` for the job of ``WAITS`` (a
+    number of seconds or a ``timedelta``), ``MARGIN`` times its longest legitimate wait."""
+    longest = max(WAITS.values())  # the reference, first
+    want = MARGIN * longest
+    fb = Feedback(f"a timeout {MARGIN} times the longest legitimate wait")
+    fb.hint(
+        "a timeout is how long one collective may wait: which single wait of a healthy run is "
+        "the longest, and how much margin does the exercise ask for?"
+    )
+    fb.fix(f"timeout_s = {MARGIN} * max(WAITS.values())  # {want:g} s")
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    value = finite_number(seconds)
+    fb.require(
+        value is not None and value > 0,
+        number_problem("the answer", seconds) + " (a number of seconds, or a timedelta)"
+        if value is None
+        else f"{value:g} s is no timeout: give a positive number of seconds",
+        brief="the answer is not a positive number of seconds",
+    )
+    close = lambda x: abs(value - x) <= 1e-9 * x  # noqa: E731 (the answers are sums of the waits)
+    if value < longest:
+        fb.fail(
+            f"{value:g} s is shorter than the {longest:g} s the first step legitimately waits: "
+            "this timeout kills a healthy job",
+            brief="this timeout kills a healthy job",
+        )
+    if close(longest):
+        fb.fail(
+            f"{value:g} s is exactly the longest wait: no margin (a slower compile, a busier disk "
+            f"and the healthy job dies); the exercise asks for {MARGIN} times it",
+            brief="the timeout leaves no margin over the longest wait",
+        )
+    if close(MARGIN * sum(WAITS.values())):
+        fb.fail(
+            f"{value:g} s adds the waits up: they happen at different times, and a timeout "
+            "bounds one collective's wait, so only the longest one counts",
+            brief="the waits were added up; a timeout bounds one wait at a time",
+        )
+    fb.expect(
+        close(want),
+        f"{value:g} s is not {MARGIN} times the longest legitimate wait",
+        brief=f"the timeout is not {MARGIN} times the longest wait",
+    )
+    return fb
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2: which rank hangs, in which collective
 
 
 def _records(reports: object) -> dict[int, list[dict]]:
@@ -145,7 +209,7 @@ def check_hang(answer: Mapping[str, object], reports: Mapping[int, Mapping]) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2: the same collectives on every rank
+# Exercise 3: the same collectives on every rank
 
 WORLD = 2
 _INPUTS = {0: (0.75, 5), 1: (1.25, 2)}  # each rank's (loss, correct predictions)
