@@ -246,7 +246,7 @@ class Syllabus:
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The tracks, as course.py assigns them: one device (00-06, capstone 1), several devices
-#: (07-11, capstone 2), and the electives at scale (12 on).
+#: (07-11, capstone 2), at scale (12 on, electives outside MAX_COURSE_MIN).
 ONE_DEVICE, SEVERAL_DEVICES, AT_SCALE = (
     tuple(nb.filename for nb in COURSE_NOTEBOOKS if nb.track == track) for track in TRACKS
 )
@@ -257,7 +257,6 @@ READING = {"07_data_parallelism.ipynb": ("3.",)}
 #: eight hours; a notebook longer than an hour is two notebooks).
 MAX_COURSE_MIN = 480
 MAX_NOTEBOOK_MIN = 60
-MAX_AT_SCALE_MIN = 180  # the third track, electives outside the 480 (issue 40)
 
 
 def _day_part(name: str, exercises: bool | int = 1) -> Part:
@@ -586,9 +585,6 @@ def budget_problems(ests: dict[str, Estimate]) -> list[str]:
         out.append(
             f"the course takes {total} min, over its {MAX_COURSE_MIN}: cut what is said twice"
         )
-    electives = sum(est.minutes for name, est in ests.items() if name in AT_SCALE)
-    if electives > MAX_AT_SCALE_MIN:
-        out.append(f"the track at scale takes {electives} min, over its {MAX_AT_SCALE_MIN}")
     return out
 
 

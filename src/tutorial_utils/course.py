@@ -49,12 +49,12 @@ class Notebook:
 
     @property
     def track(self) -> str:
-        """Its track: the first of TRACKS (00-06, capstone 1), the second (07-11, capstone 2),
-        or the third, the electives at scale (12 on)."""
+        """Its track: the first of TRACKS (00-06, capstone 1), the second (07-11, capstone 2) or
+        the third (12 on, electives at scale)."""
         return TRACKS[(self.filename >= "07") + (self.filename >= "12")]
 
 
-#: The tracks, in order: the first two end in a capstone; the third holds electives.
+#: The tracks, in order; the first two end in a capstone, the third is electives.
 TRACKS = ("one device", "several devices", "at scale")
 
 NOTEBOOKS: tuple[Notebook, ...] = (
