@@ -14,7 +14,7 @@ from datetime import timedelta
 os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")  # the flight recorder: before any group
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from common import report  # noqa: E402
+from common import report, teardown  # noqa: E402
 from hang_tools import flight_record  # noqa: E402
 from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
         die(rank)
     found = lab(rank)
     report({**found, "flight_record": flight_record(), "timeout_s": TIMEOUT.total_seconds()})
-    dist.destroy_process_group()
+    teardown()
 
 
 if __name__ == "__main__":
