@@ -1187,6 +1187,88 @@ FEWER_CAST = ("assert (err_fp8 <= bound_fp8).all()",)
 def test_13_checks_pass_in_the_world_that_was_measured(markers, world):
     """The controls for 13's mutations: the same cells pass on the reports as measured."""
     _run("13", markers, world())
+def _fingerprint(rank: int, op: str, shape: int) -> str:
+    return (
+        f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=0, "
+        f"OpType={op}, TensorShape=[{shape}], TensorDtypes=Float)"
+    )
+
+
+def _lab_of_14(**broken) -> dict:
+    """What notebook 14's lab reports (measured, torch 2.13, messages shortened), with the
+    entries in ``broken`` ({"rank.key": value}) replaced: a world in which a claim is false."""
+    mismatch = "Detected mismatch between collectives on ranks. "
+    barriers = [{"group": "0", "seq": s, "op": "barrier", "sizes": []} for s in (1, 2)]
+    reports = {
+        0: {
+            "skipped": "[/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 2000ms "
+            "for recv operation to complete",
+            "monitored": "[Rank 0]: Ranks 1 failed to pass monitoredBarrier in 2000 ms",
+            "shapes": mismatch
+            + _fingerprint(0, "ALLREDUCE", 4)
+            + ", but "
+            + _fingerprint(1, "ALLREDUCE", 5)
+            + ").Collectives differ in the following aspects:   Tensor Tensor shapes: 4vs 5",
+            "ops": mismatch
+            + _fingerprint(0, "ALLREDUCE", 4)
+            + ", but "
+            + _fingerprint(1, "BROADCAST", 4)
+            + ").Collectives differ in the following aspects:   Op type: ALLREDUCEvs BROADCAST",
+            "flight_record": [
+                {"group": "1", "seq": 1, "op": "all_reduce", "sizes": [[4]]},
+                *barriers,
+            ],
+            "timeout_s": 2.0,
+        },
+        1: {
+            "skipped": "ok",
+            "monitored": "[/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:1432. This is typically caused by a remote worker crashing.",
+            "shapes": mismatch
+            + _fingerprint(1, "ALLREDUCE", 5)
+            + ", but "
+            + _fingerprint(0, "ALLREDUCE", 4)
+            + ").Collectives differ in the following aspects:   Tensor Tensor shapes: 5vs 4",
+            "ops": mismatch
+            + _fingerprint(1, "BROADCAST", 4)
+            + ", but "
+            + _fingerprint(0, "ALLREDUCE", 4)
+            + ").Collectives differ in the following aspects:   Op type: BROADCASTvs ALLREDUCE",
+            "flight_record": list(barriers),
+            "timeout_s": 2.0,
+        },
+    }
+    for where, value in broken.items():
+        rank, key = where.split(".")
+        reports[int(rank)][key] = value
+    return {"lab": types.SimpleNamespace(reports=reports), "re": re}
+
+
+def _death_of_14(
+    rank: int = 1,
+    cause: str = "RuntimeError: rank 1: NaN in the loss at step 1, giving up",
+    saw: str = "Connection closed by peer [127.0.0.1]:23702",
+) -> dict:
+    """Notebook 14's dead rank (measured): launch's error, the survivor's report, and torchrun's
+    Root Cause block; ``rank``, ``cause``, ``saw`` replaced in a world where a claim is false."""
+    root_cause = (
+        f" (first observed failure):\n[0]:\n  rank      : {rank} (local_rank: {rank})\n"
+        f"  exitcode  : 1 (pid: 16373)\n  traceback : Traceback (most recent call last):\n"
+        f"  {cause}\n"
+    )
+    return {
+        "died": types.SimpleNamespace(rank=rank),
+        "survivor": {"step": 1, "error": saw},
+        "root_cause": root_cause,
+        "re": re,
+    }
+
+
+TIMEOUT_14 = ('assert lab.reports[1]["skipped"] == "ok"',)
+MONITORED_14 = ('"no rank named"',)
+DETAIL_14 = ('"TensorShape=[5]" in found["shapes"]',)
+RECORD_14 = ("def on_group(record, group):",)
+DEATH_14 = ("assert died.rank == 1",)
 
 
 MOVE_CELL = ("moving 64 MiB costs time", "fresh = x.to(run_on, copy=True)")
@@ -1526,6 +1608,65 @@ MUTATIONS = {
         lambda: _schedules_world(v_sends_as_a_loop=True),
     ),
     "13 FP8 cast without a scale": ("13", FEWER_CAST, lambda: _fp8_cast_world(scaled=False)),
+    "14 the skipped all_reduce returned": (
+        "14",
+        TIMEOUT_14,
+        lambda: _lab_of_14(**{"0.skipped": "ok"}),
+        "rank 0 did not time out",
+    ),
+    "14 the rank that skipped it waited too": (
+        "14",
+        TIMEOUT_14,
+        lambda: _lab_of_14(**{"1.skipped": "Timed out waiting 2000ms for recv operation"}),
+        "rank 1 called nothing",
+    ),
+    "14 monitored_barrier names no rank": (
+        "14",
+        MONITORED_14,
+        lambda: _lab_of_14(**{"0.monitored": "Timed out waiting 2000ms for recv operation"}),
+        "no rank named",
+    ),
+    "14 DETAIL names one side's shape only": (
+        "14",
+        DETAIL_14,
+        lambda: _lab_of_14(**{"1.shapes": "Detected mismatch: TensorShape=[5]"}),
+    ),
+    "14 DETAIL names no operation": (
+        "14",
+        DETAIL_14,
+        lambda: _lab_of_14(**{"0.ops": _lab_of_14()["lab"].reports[0]["shapes"]}),
+    ),
+    "14 the flight recorder lost rank 0's all_reduce": (
+        "14",
+        RECORD_14,
+        lambda: _lab_of_14(**{"0.flight_record": _lab_of_14()["lab"].reports[1]["flight_record"]}),
+        "rank 0's all_reduce is missing",
+    ),
+    "14 the flight records hold the same barriers and nothing else": (
+        "14",
+        RECORD_14,
+        lambda: _lab_of_14(**{"1.flight_record": _lab_of_14()["lab"].reports[0]["flight_record"]}),
+        "rank 1 never called",
+    ),
+    "14 launch blames the survivor": (
+        "14",
+        DEATH_14,
+        lambda: _death_of_14(rank=0),
+        "launch blamed rank 0",
+    ),
+    "14 the survivor waited for a timeout": (
+        "14",
+        DEATH_14,
+        lambda: _death_of_14(saw="Timed out waiting 3000ms for recv operation to complete"),
+    ),
+    "14 the Root Cause without @record's traceback": (
+        "14",
+        DEATH_14,
+        lambda: _death_of_14(
+            cause="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+        ),
+        "@record's traceback is missing",
+    ),
     "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
     "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
     "10 the cluster counts fused attention as explicit": (
@@ -1590,6 +1731,9 @@ def test_the_check_passes_in_the_world_where_its_claim_holds(case, monkeypatch):
         ("01", MOVE_CELL, lambda mp: _moving(mp)),
         ("04", DROPOUT_CHECK, lambda mp: _dropout(mp)),
         ("11", CAPSTONE_STATE, lambda mp: _capstone_state(mp)),
+        *[("14", cell, lambda mp: _lab_of_14()) for cell in (TIMEOUT_14, MONITORED_14, DETAIL_14)],
+        ("14", RECORD_14, lambda mp: _lab_of_14()),
+        ("14", DEATH_14, lambda mp: _death_of_14()),
     ],
 )
 def test_the_unmutated_worlds_pass_too(prefix, markers, world, monkeypatch):

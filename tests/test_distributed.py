@@ -608,6 +608,7 @@ COURSE_SCRIPTS = {
     "ddp_step_time.py": [],  # 07 runs its measurement inside ddp_seen.py; alone, for a terminal
     "fewer_bytes.py": [],  # 13 §1-3
     "pipeline_schedules.py": [],  # 13 §4
+    "hang_lab.py": [],  # 14 §1-4: three broken collectives, each caught, then a clean exit
 }
 NPROC = {"mesh_2d.py": 4}  # a 2 x 2 mesh; every other script runs on 2 ranks
 EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
@@ -616,8 +617,10 @@ EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 def test_every_script_the_course_launches_is_in_the_clean_exit_test():
     # not torchrun scripts: 04's GPU demos run as a child; 00's, 01's, 03's, 04's, 05's, 07's, 08's,
     # 10's and 11's helpers are imported in-kernel; 00's, 02's and 05's recipes run as one process;
-    # crash_demo.py fails on purpose
+    # crash_demo.py fails on purpose, and so do 14's broken_job.py (it hangs) and hang_lab.py --die
+    # (tested with hang_lab.py above); hang_tools.py is imported by them
     not_launched = {"common.py", "crash_demo.py", "allocator_gpu.py", "growing_batch.py"}
+    not_launched |= {"broken_job.py", "hang_tools.py"}
     # capstone_ranks.py is launched by capstone_grader.py with a learner's plan (11): its own
     # tests (tests/test_exercises_capstone_ranks.py) launch it
     not_launched |= {"capstone_ranks.py"}

@@ -20,6 +20,7 @@ import torch
 from conftest import EqFloat, EqInt, EqualToAll, move_ref
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_exercises_hangs import broken_job_reports
 from torch import nn
 from torch.nn import functional as F
 
@@ -28,6 +29,7 @@ from tutorial_utils.exercises import (
     Feedback,
     capstone,
     creating,
+    hangs,
     moving,
     oom,
     parallel,
@@ -621,3 +623,48 @@ def test_accumulated_clipped_step_rejects_steps_without_the_scaler(returned):
         return returned
 
     assert rejected(precision.check_accumulated_clipped_step(step))
+
+
+# --- notebook 14 ----------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(answer=st.one_of(garbage, st.floats(0, 1000), st.sampled_from([75, 75.0, 230.6, 0.6])))
+def test_timeout_rejects_wrong_answers(answer):
+    assume(not _plain_number(answer, 150.0))
+    assert rejected(hangs.check_timeout(answer))
+
+
+@PROPERTY
+@given(
+    answer=st.one_of(
+        garbage,
+        st.fixed_dictionaries(
+            {
+                "rank": st.one_of(garbage, st.integers(-2, 3)),
+                "op": st.one_of(garbage, st.sampled_from(["all_reduce", "barrier", "all_gather"])),
+                "seq": st.one_of(garbage, st.integers(0, 25)),
+            }
+        ),
+    )
+)
+def test_hang_rejects_wrong_answers(answer):
+    right = (
+        isinstance(answer, dict)
+        and _plain_int(answer["rank"], 1)
+        and _plain_int(answer["seq"], 21)
+        and answer["op"] == "all_gather"
+    )
+    assume(not right)
+    assert rejected(hangs.check_hang(answer, broken_job_reports()))
+
+
+@PROPERTY
+@given(returned=st.one_of(garbage, st.tuples(garbage, garbage), st.tuples(tensors, tensors)))
+def test_same_collectives_rejects_wrong_results(returned):
+    def log_metrics(rank, world, loss, correct, dist):
+        dist.all_reduce(loss)
+        dist.all_reduce(correct)
+        return returned
+
+    assert rejected(hangs.check_same_collectives(log_metrics))

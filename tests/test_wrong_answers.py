@@ -1,7 +1,7 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 127 wrong answers: 110 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
-they launch real ranks) and 17 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
+This file holds 138 wrong answers: 119 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
+they launch real ranks) and 19 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
 ``PLAIN``: the wrong answers a learner really writes, at least two for every checker (every
@@ -47,6 +47,8 @@ from test_exercises_capstone_ranks import (
 )
 from test_exercises_capstone_ranks import step_without_zero_grad
 from test_exercises_capstone_ranks import train_step as micro_batch_step
+from test_exercises_hangs import ANSWER as HANG_ANSWER
+from test_exercises_hangs import broken_job_reports
 from test_exercises_parallel import _reference_params
 from test_exercises_predict import LLAMA_LIKE
 from torch import nn
@@ -60,6 +62,7 @@ from tutorial_utils.exercises import (
     checker,
     creating,
     fewer_bytes,
+    hangs,
     moving,
     oom,
     parallel,
@@ -749,6 +752,32 @@ def _zero3_k4_bytes() -> dict:
 
 def _check_plan(plan, step, predicted, **options):
     return _grader().check_plan(plan, step, predicted, **options)
+
+
+def _hang(**answer) -> Feedback:
+    """Notebook 14 exercise 1 on the broken job's reports: rank 1 never reaches #21."""
+    return hangs.check_hang({**HANG_ANSWER, **answer}, broken_job_reports())
+
+
+def _metrics_without_summing(rank, world, loss, correct, dist):
+    dist.all_reduce(loss)
+    return loss / world, correct
+
+
+def _metrics_in_rank_order(rank, world, loss, correct, dist):
+    if rank == 0:
+        dist.all_reduce(correct)
+        dist.all_reduce(loss)
+    else:
+        dist.all_reduce(loss)
+        dist.all_reduce(correct)
+    return loss / world, correct
+
+
+def _metrics_summed_loss(rank, world, loss, correct, dist):
+    dist.all_reduce(loss)
+    dist.all_reduce(correct)
+    return loss, correct
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1481,6 +1510,63 @@ PLAIN = [
         ("not one process's",),
         _SLOW,
     ),
+    # 14 exercise 1: a timeout twice the longest legitimate wait
+    Mistake(
+        "hangs.check_timeout",
+        "the longest wait itself, without the margin",
+        lambda: hangs.check_timeout(max(hangs.WAITS.values())),
+        ("no margin",),
+    ),
+    Mistake(
+        "hangs.check_timeout",
+        "every wait added up, then doubled",
+        lambda: hangs.check_timeout(2 * sum(hangs.WAITS.values())),
+        ("added up",),
+    ),
+    Mistake(
+        "hangs.check_timeout",
+        "twice a normal step",
+        lambda: hangs.check_timeout(2 * min(hangs.WAITS.values())),
+        ("kills a healthy job",),
+    ),
+    # 14 exercise 2: the rank and the collective that hang the broken job
+    Mistake(
+        "hangs.check_hang",
+        "rank 0, whose error the launch shows",
+        lambda: _hang(rank=0),
+        ("waited for the other",),
+    ),
+    Mistake(
+        "hangs.check_hang",
+        "the last collective both ranks finished",
+        lambda: _hang(op="all_reduce", seq=20),
+        ("every rank finished that collective",),
+    ),
+    Mistake(
+        "hangs.check_hang",
+        "the right number, named after the gradients' all_reduce",
+        lambda: _hang(op="all_reduce"),
+        ("another operation",),
+    ),
+    # 14 exercise 3: the same collectives on every rank
+    Mistake(
+        "hangs.check_same_collectives",
+        "the count's all_reduce deleted instead of moved",
+        lambda: hangs.check_same_collectives(_metrics_without_summing),
+        ("not summed",),
+    ),
+    Mistake(
+        "hangs.check_same_collectives",
+        "both all_reduces on every rank, in another order on rank 0",
+        lambda: hangs.check_same_collectives(_metrics_in_rank_order),
+        ("different collectives",),
+    ),
+    Mistake(
+        "hangs.check_same_collectives",
+        "the loss summed, not averaged",
+        lambda: hangs.check_same_collectives(_metrics_summed_loss),
+        ("not the mean",),
+    ),
 ]
 
 
@@ -1674,6 +1760,10 @@ TRICKS = {
         precision.check_accumulated_clipped_step(_whole_batch_and_detached_scales)
     ),
     "10 batch_for: every row twice": lambda: sharding.check_batch_for(_every_row_twice),
+    "14 timeout: an int whose __eq__ says yes": lambda: hangs.check_timeout(LyingInt(75)),
+    "14 hang: a rank and a number whose __eq__ says yes": lambda: hangs.check_hang(
+        {"rank": LyingInt(0), "op": "all_gather", "seq": LyingInt(20)}, broken_job_reports()
+    ),
 }
 
 

@@ -36,6 +36,7 @@ MINUTES: dict[str, int] = {
     "10_tensor_and_sequence_parallelism.ipynb": 40,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
     "13_fewer_bytes.ipynb": 60,
+    "14_when_a_job_hangs.ipynb": 40,
 }
 # END MINUTES
 
@@ -135,6 +136,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Fewer bytes: communication hooks, FP8, loss parallelism, newer pipeline schedules",
         MINUTES["13_fewer_bytes.ipynb"],
         "CPU (gloo), 1 GPU (FP8 matmul from compute capability 8.9)",
+    ),
+    Notebook(
+        "14_when_a_job_hangs.ipynb",
+        "When a job hangs: timeouts, monitored barriers, fingerprints, the flight recorder",
+        MINUTES["14_when_a_job_hangs.ipynb"],
+        "CPU (gloo), 2+ GPUs (NCCL, cited)",
     ),
 )
 
