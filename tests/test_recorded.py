@@ -26,7 +26,9 @@ def test_nothing_recorded_shows_the_quoted_figure_or_nothing(tmp_path):
     from tutorial_utils import published
 
     quoted = recorded.show("allocator_vs_nvml", results_dir=tmp_path)
-    assert not quoted.found and quoted.quoted == published.show(recorded.QUOTED["allocator_vs_nvml"])
+    assert not quoted.found and quoted.quoted == published.show(
+        recorded.QUOTED["allocator_vs_nvml"]
+    )
     assert str(quoted) == str(quoted.quoted) and str(quoted).startswith("Quoted, not run here")
     assert "make gpu-check" in quoted.label  # for maintainers, never in a learner's output
     silent = recorded.show("oom_message", results_dir=tmp_path)
