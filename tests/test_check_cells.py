@@ -1187,6 +1187,8 @@ FEWER_CAST = ("assert (err_fp8 <= bound_fp8).all()",)
 def test_13_checks_pass_in_the_world_that_was_measured(markers, world):
     """The controls for 13's mutations: the same cells pass on the reports as measured."""
     _run("13", markers, world())
+
+
 def _fingerprint(rank: int, op: str, shape: int) -> str:
     return (
         f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=0, "
