@@ -863,7 +863,9 @@ def _ring_world(**change):
             "context_parallel_error": CP_ERROR,
         },
     }
-    reports = {rank: {**report, "rank": rank, **change} for rank in (0, 1)}
+    reports = {
+        rank: {**report, "rank": rank, "blocks_computed": rank + 1, **change} for rank in (0, 1)
+    }
     return {"ring": types.SimpleNamespace(reports=reports), "torch": torch}
 
 
@@ -885,6 +887,7 @@ def _ep_world(mutate=lambda reports: None):
             },
             **{"forward_gap": 0.0, "forward_tol": 2.9e-6, "grad_gap": 1.2e-7, "grad_tol": 8.6e-6},
             **{"capacity": capacity, "padded_bytes": capacity * row, "padded_same": True},
+            **{"param_bytes": 4 * (36 + 2 * 280), "router_numel": 36, "expert_numel": 280},
         }
 
     reports = {0: report(0, [12, 12], [12, 10], 12), 1: report(1, [10, 14], [12, 14], 10)}
@@ -904,6 +907,11 @@ def _even_splits(reports):
     for r in reports.values():  # a router that sends every rank the same number of rows
         r["send_splits"], r["recv_splits"], r["off_rank_tokens"] = [12, 12], [12, 12], 12
         r["counted"] = {"counts": 16, "dispatch": 384, "combine": 384, "backward": 768}
+
+
+def _every_rank_keeps_every_expert(reports):
+    for r in reports.values():
+        r["param_bytes"] = 4 * (36 + 4 * 280)
 
 
 def _padding_for_free(reports):
@@ -1140,6 +1148,11 @@ MUTATIONS = {
         RING_CHECK,
         lambda: _ring_world(forward_gap=3e-2),
     ),
+    "12 every rank attends to every block, masked or not": (
+        "12",
+        RING_CHECK,
+        lambda: _ring_world(blocks_computed=2),
+    ),
     "12 context_parallel runs on CPU ranks": (
         "12",
         CP_CHECK,
@@ -1156,6 +1169,11 @@ MUTATIONS = {
         lambda: _ep_world(_expert_gradients_off),
     ),
     "12 every rank sends even splits": ("12", EP_CHECK, lambda: _ep_world(_even_splits)),
+    "12 every rank keeps every expert": (
+        "12",
+        EP_CHECK,
+        lambda: _ep_world(_every_rank_keeps_every_expert),
+    ),
     "12 padding costs nothing": ("12", PADDED_CHECK, lambda: _ep_world(_padding_for_free)),
     "12 HSDP all-reduces whole gradients across the replicas": (
         "12",

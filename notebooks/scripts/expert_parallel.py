@@ -103,7 +103,7 @@ def expert_parallel(moe: MoE, x: torch.Tensor, rank: int, world: int):
     y = torch.zeros_like(rows)
     for e in range(per_rank):
         chosen = mine == e
-        y[chosen] = moe.experts[rank * per_rank + e](rows[chosen])
+        y[chosen] = moe.experts[e](rows[chosen])  # this rank's e-th expert
     PHASE[0] = "combine"
     back = dist_fn.all_to_all_single(
         x.new_empty(T, D), y, output_split_sizes=send, input_split_sizes=recv
@@ -148,6 +148,8 @@ def main() -> None:
     (ref_out * target).sum().backward()
 
     moe = MoE()
+    per_rank = E // world
+    moe.experts = moe.experts[rank * per_rank : (rank + 1) * per_rank]  # only this rank's experts
     x = x_all[mine].clone().requires_grad_()
     out, expert = expert_parallel(moe, x, rank, world)
     PHASE[0] = "backward"
@@ -155,10 +157,9 @@ def main() -> None:
     for p in moe.router.parameters():  # the router is replicated: add up its gradients
         dist.all_reduce(p.grad)
 
-    per_rank = E // world
     off_rank = int((expert // per_rank != rank).sum())  # tokens whose expert lives elsewhere
     mine_experts = range(rank * per_rank, (rank + 1) * per_rank)
-    got = [p.grad for e in mine_experts for p in moe.experts[e].parameters()]
+    got = [p.grad for e in range(per_rank) for p in moe.experts[e].parameters()]
     want = [p.grad for e in mine_experts for p in ref.experts[e].parameters()]
     got += [p.grad for p in moe.router.parameters()] + [x.grad]
     want += [p.grad for p in ref.router.parameters()] + [x_ref.grad[mine]]
@@ -186,6 +187,9 @@ def main() -> None:
             "T": T,
             "elem": x_all.element_size(),
             "tokens_per_expert": torch.bincount(expert, minlength=E).tolist(),
+            "param_bytes": sum(p.numel() * p.element_size() for p in moe.parameters()),
+            "router_numel": sum(p.numel() for p in ref.router.parameters()),
+            "expert_numel": sum(p.numel() for p in ref.experts[0].parameters()),
             "send_splits": send,
             "recv_splits": RECEIVED[0],
             "off_rank_tokens": off_rank,

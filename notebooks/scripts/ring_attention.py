@@ -29,6 +29,7 @@ from common import log, relative_gap, report, setup, sum_bound, teardown, within
 
 B, H, S, DH = 2, 4, 64, 16  # batch, heads, sequence (whole), head size
 SENT = {"forward": 0, "backward": 0}  # bytes this rank handed to isend, by pass
+COMPUTED = [0]  # blocks of keys this rank attended to in forward (the others were masked)
 PHASE = ["forward"]
 
 
@@ -73,6 +74,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(world):
             src = (rank - step) % world  # whose keys this rank holds now
             if src <= rank:  # later chunks are masked out entirely: nothing to compute
+                COMPUTED[0] += 1
                 s = scores(q, kv[0], causal=src == rank)
                 block_lse = torch.logsumexp(s, dim=-1, keepdim=True)
                 block_out = torch.exp(s - block_lse) @ kv[1]
@@ -169,6 +171,7 @@ def main() -> None:
             "grad_tol": grad_tol,
             "sent_forward": SENT["forward"],
             "sent_backward": SENT["backward"],
+            "blocks_computed": COMPUTED[0],
             "context_parallel_error": cp_error,
             "seconds_in_script": time.perf_counter() - t0,
             "threads": os.environ.get("OMP_NUM_THREADS"),

@@ -35,7 +35,7 @@ MINUTES: dict[str, int] = {
     "09_zero_and_fsdp2.ipynb": 35,
     "10_tensor_and_sequence_parallelism.ipynb": 40,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
-    "12_long_context_and_experts.ipynb": 45,
+    "12_long_context_and_experts.ipynb": 50,
 }
 # END MINUTES
 
