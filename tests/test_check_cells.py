@@ -946,7 +946,7 @@ def _hsdp_world(**change):
 RING_CHECK = ("block = B * H * (S // W) * DH * elem  # one rank's keys (or values)",)
 CP_CHECK = ('cp_error = ring.reports[0]["context_parallel_error"]',)
 EP_CHECK = ('"counts": (r["world"] - 1) * (r["E"] // r["world"]) * 8',)
-PADDED_CHECK = ('assert r["padded_same"]',)
+PADDED_CHECK = ('r["padded_same"]',)
 HSDP_CHECK = ("want_backward = {",)
 
 
