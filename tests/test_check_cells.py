@@ -887,6 +887,8 @@ def _ep_world(mutate=lambda reports: None):
             },
             **{"forward_gap": 0.0, "forward_tol": 2.9e-6, "grad_gap": 1.2e-7, "grad_tol": 8.6e-6},
             **{"capacity": capacity, "padded_bytes": capacity * row, "padded_same": True},
+            "list_form_error": "ProcessGroupGloo::alltoall: invalid tensor size at index 1 "
+            "(expected (1, 8), got (2, 8))",
             **{"param_bytes": 4 * (36 + 2 * 280), "router_numel": 36, "expert_numel": 280},
         }
 
@@ -912,6 +914,11 @@ def _even_splits(reports):
 def _every_rank_keeps_every_expert(reports):
     for r in reports.values():
         r["param_bytes"] = 4 * (36 + 4 * 280)
+
+
+def _list_form_takes_uneven_chunks(reports):
+    for r in reports.values():
+        r["list_form_error"] = None
 
 
 def _padding_for_free(reports):
@@ -1175,6 +1182,11 @@ MUTATIONS = {
         lambda: _ep_world(_every_rank_keeps_every_expert),
     ),
     "12 padding costs nothing": ("12", PADDED_CHECK, lambda: _ep_world(_padding_for_free)),
+    "12 the list form takes uneven chunks": (
+        "12",
+        PADDED_CHECK,
+        lambda: _ep_world(_list_form_takes_uneven_chunks),
+    ),
     "12 HSDP all-reduces whole gradients across the replicas": (
         "12",
         HSDP_CHECK,

@@ -15,8 +15,8 @@ Both exchanges go through ``torch.distributed.nn.functional.all_to_all_single``,
 differentiates (its backward is the reverse exchange). Each rank checks against one process's MoE
 on every rank's tokens: its output rows, its experts' gradients, the router's (all-reduced);
 and the bytes each ``all_to_all_single`` carried to other ranks against the routing. It also
-runs the same dispatch padded to a fixed capacity, as a fixed-shape exchange needs, and counts
-what the padding costs.
+shows that the list form ``all_to_all`` refuses uneven chunks, and runs the same dispatch padded
+to a fixed capacity, as a fixed-shape exchange needs, counting what the padding costs.
 """
 
 from __future__ import annotations
@@ -113,6 +113,19 @@ def expert_parallel(moe: MoE, x: torch.Tensor, rank: int, world: int):
     return out * gate[:, None], expert
 
 
+def list_form_error(world: int) -> str | None:
+    """The list form ``dist.all_to_all`` with uneven chunks, as a dispatch would give it: chunk i
+    has i + 1 rows on every rank, so every rank refuses before anything is sent (a rank whose
+    chunks happened to be even would enter the collective and wait for ever)."""
+    chunks = [torch.zeros(i + 1, D) for i in range(world)]
+    out = [torch.empty(dist.get_rank() + 1, D) for _ in range(world)]
+    try:
+        dist.all_to_all(out, chunks)
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
 def padded(x: torch.Tensor, send: list[int], world: int) -> tuple[torch.Tensor, int, int]:
     """The dispatch with every chunk padded to a capacity (the largest chunk any rank sends), as
     a fixed-shape exchange needs (the list form ``all_to_all``, a compiled graph): the rows
@@ -176,6 +189,7 @@ def main() -> None:
     x_sorted = x_all[mine][torch.argsort(expert, stable=True)]
     exact = torch.empty(sum(RECEIVED[0]), D)
     _all_to_all_single(exact, x_sorted, RECEIVED[0], send)
+    list_error = list_form_error(world)
     rows_padded, capacity, padded_bytes = padded(x_sorted, send, world)
     padded_same = torch.equal(rows_padded, exact)
     report(
@@ -198,6 +212,7 @@ def main() -> None:
             "grad_gap": grad_gap,
             "forward_tol": forward_tol,
             "grad_tol": grad_tol,
+            "list_form_error": list_error,
             "capacity": capacity,
             "padded_bytes": padded_bytes,
             "padded_same": padded_same,
