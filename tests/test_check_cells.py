@@ -1338,6 +1338,120 @@ CAPSTONE_STATE = ("print(build_model()[0])",)
 
 #: case: (notebook, lines that find the check cell, the world in which its claim is false, and
 #: optionally a pattern of the assert message that must fail: the claim's own, not another's)
+# --- notebook 12: ring attention, expert parallelism, HSDP, as their launches report them ---------
+CP_ERROR = (
+    "NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default does "
+    "not have a sharding strategy registered."
+)
+
+
+def _ring_world(**change):
+    """Notebook 12's ring-attention launch on 2 ranks (B, H, S, DH = 2, 4, 64, 16, fp32), as
+    measured, with ``change`` applied to every rank's report."""
+    block = 2 * 4 * 32 * 16 * 4
+    report = {
+        **{"world": 2, "B": 2, "H": 4, "S": 64, "DH": 16, "elem": 4},
+        **{"forward_gap": 6.2e-7, "forward_tol": 9.5e-6, "grad_gap": 3.6e-7, "grad_tol": 1.9e-5},
+        **{
+            "sent_forward": 2 * block,
+            "sent_backward": 6 * block,
+            "context_parallel_error": CP_ERROR,
+        },
+    }
+    reports = {
+        rank: {**report, "rank": rank, "blocks_computed": rank + 1, **change} for rank in (0, 1)
+    }
+    return {"ring": types.SimpleNamespace(reports=reports), "torch": torch}
+
+
+def _ep_world(mutate=lambda reports: None):
+    """Notebook 12's expert-parallel launch on 2 ranks (D = 8, E = 4, T = 24, fp32), as
+    measured; ``mutate(reports)`` changes them in place."""
+    row = 8 * 4
+
+    def report(rank, send, recv, off, capacity=14):
+        received_off = sum(recv) - recv[rank]
+        return {
+            **{"rank": rank, "world": 2, "D": 8, "E": 4, "T": 24, "elem": 4},
+            **{"send_splits": send, "recv_splits": recv, "off_rank_tokens": off},
+            "counted": {
+                "counts": 16,
+                "dispatch": off * row,
+                "combine": received_off * row,
+                "backward": (off + received_off) * row,
+            },
+            **{"forward_gap": 0.0, "forward_tol": 2.9e-6, "grad_gap": 1.2e-7, "grad_tol": 8.6e-6},
+            **{"capacity": capacity, "padded_bytes": capacity * row, "padded_same": True},
+            "list_form_error": "ProcessGroupGloo::alltoall: invalid tensor size at index 1 "
+            "(expected (1, 8), got (2, 8))",
+            **{"param_bytes": 4 * (36 + 2 * 280), "router_numel": 36, "expert_numel": 280},
+        }
+
+    reports = {0: report(0, [12, 12], [12, 10], 12), 1: report(1, [10, 14], [12, 14], 10)}
+    mutate(reports)
+    return {"ep": types.SimpleNamespace(reports=reports)}
+
+
+def _dispatch_counts_own_tokens(reports):
+    reports[0]["counted"]["dispatch"] = 24 * 8 * 4  # all 24 of rank 0's tokens, its own too
+
+
+def _expert_gradients_off(reports):
+    reports[1]["grad_gap"] = 0.5  # an expert's gradient missing the other rank's tokens
+
+
+def _even_splits(reports):
+    for r in reports.values():  # a router that sends every rank the same number of rows
+        r["send_splits"], r["recv_splits"], r["off_rank_tokens"] = [12, 12], [12, 12], 12
+        r["counted"] = {"counts": 16, "dispatch": 384, "combine": 384, "backward": 768}
+
+
+def _every_rank_keeps_every_expert(reports):
+    for r in reports.values():
+        r["param_bytes"] = 4 * (36 + 4 * 280)
+
+
+def _list_form_takes_uneven_chunks(reports):
+    for r in reports.values():
+        r["list_form_error"] = None
+
+
+def _padding_for_free(reports):
+    for r in reports.values():
+        r["padded_bytes"] = r["off_rank_tokens"] * 8 * 4
+
+
+def _hsdp_world(**change):
+    """Notebook 12's HSDP launch on a 2 x 2 mesh (two Linear(64, 64): 8,320 parameters)."""
+    psi = 8320
+    groups = {0: ([0, 2], [0, 1]), 1: ([1, 3], [0, 1]), 2: ([0, 2], [2, 3]), 3: ([1, 3], [2, 3])}
+    reports = {
+        rank: {
+            "rank": rank,
+            "psi": psi,
+            "groups": {"replicate": groups[rank][0], "shard": groups[rank][1]},
+            "placements": ["(Replicate(), Shard(dim=0))"],
+            "param_bytes": 4 * psi // 2,
+            "forward_comm": {"shard allgather_base": {"calls": 2, "bytes": 4 * psi}},
+            "backward_comm": {
+                "shard allgather_base": {"calls": 2, "bytes": 4 * psi},
+                "shard reduce_scatter_base": {"calls": 2, "bytes": 4 * psi},
+                "replicate allreduce": {"calls": 2, "bytes": 4 * psi // 2},
+            },
+            **{"grad_gap": 2.3e-7, "grad_tol": 8.6e-6, **change},
+        }
+        for rank in range(4)
+    }
+    return {"hsdp": types.SimpleNamespace(reports=reports)}
+
+
+RING_CHECK = ("block = B * H * (S // W) * DH * elem  # one rank's keys (or values)",)
+CP_CHECK = ('cp_error = ring.reports[0]["context_parallel_error"]',)
+EP_CHECK = ('"counts": (r["world"] - 1) * (r["E"] // r["world"]) * 8',)
+PADDED_CHECK = ('r["padded_same"]',)
+HSDP_CHECK = ("want_backward = {",)
+
+
 MUTATIONS = {
     "00 GPUtil starts no nvidia-smi": (
         "00",
@@ -1684,6 +1798,69 @@ MUTATIONS = {
         lambda: _tp_activations(fused_keeps_scores=True),
         "fused",
     ),
+    "12 the ring sends the keys, not the values": (
+        "12",
+        RING_CHECK,
+        lambda: _ring_world(sent_forward=2 * 4 * 32 * 16 * 4),
+    ),
+    "12 the ring's backward keeps the key gradients where they are": (
+        "12",
+        RING_CHECK,
+        lambda: _ring_world(sent_backward=4 * 2 * 4 * 32 * 16 * 4),
+    ),
+    "12 ring attention is not one process's": (
+        "12",
+        RING_CHECK,
+        lambda: _ring_world(forward_gap=3e-2),
+    ),
+    "12 every rank attends to every block, masked or not": (
+        "12",
+        RING_CHECK,
+        lambda: _ring_world(blocks_computed=2),
+    ),
+    "12 context_parallel runs on CPU ranks": (
+        "12",
+        CP_CHECK,
+        lambda: _ring_world(context_parallel_error=None),
+    ),
+    "12 the dispatch counts the tokens a rank keeps": (
+        "12",
+        EP_CHECK,
+        lambda: _ep_world(_dispatch_counts_own_tokens),
+    ),
+    "12 the experts' gradients are not one process's": (
+        "12",
+        EP_CHECK,
+        lambda: _ep_world(_expert_gradients_off),
+    ),
+    "12 every rank sends even splits": ("12", EP_CHECK, lambda: _ep_world(_even_splits)),
+    "12 every rank keeps every expert": (
+        "12",
+        EP_CHECK,
+        lambda: _ep_world(_every_rank_keeps_every_expert),
+    ),
+    "12 padding costs nothing": ("12", PADDED_CHECK, lambda: _ep_world(_padding_for_free)),
+    "12 the list form takes uneven chunks": (
+        "12",
+        PADDED_CHECK,
+        lambda: _ep_world(_list_form_takes_uneven_chunks),
+    ),
+    "12 HSDP all-reduces whole gradients across the replicas": (
+        "12",
+        HSDP_CHECK,
+        lambda: _hsdp_world(
+            backward_comm={
+                "shard allgather_base": {"calls": 2, "bytes": 4 * 8320},
+                "shard reduce_scatter_base": {"calls": 2, "bytes": 4 * 8320},
+                "replicate allreduce": {"calls": 2, "bytes": 4 * 8320},
+            }
+        ),
+    ),
+    "12 FSDP on 4 ranks, not HSDP": (
+        "12",
+        HSDP_CHECK,
+        lambda: _hsdp_world(placements=["(Shard(dim=0),)"]),
+    ),
 }
 
 
@@ -1736,6 +1913,11 @@ def test_the_check_passes_in_the_world_where_its_claim_holds(case, monkeypatch):
         *[("14", cell, lambda mp: _lab_of_14()) for cell in (TIMEOUT_14, MONITORED_14, DETAIL_14)],
         ("14", RECORD_14, lambda mp: _lab_of_14()),
         ("14", DEATH_14, lambda mp: _death_of_14()),
+        ("12", RING_CHECK, lambda mp: _ring_world()),
+        ("12", CP_CHECK, lambda mp: _ring_world()),
+        ("12", EP_CHECK, lambda mp: _ep_world()),
+        ("12", PADDED_CHECK, lambda mp: _ep_world()),
+        ("12", HSDP_CHECK, lambda mp: _hsdp_world()),
     ],
 )
 def test_the_unmutated_worlds_pass_too(prefix, markers, world, monkeypatch):

@@ -30,6 +30,19 @@ def test_course_lists_exactly_the_notebooks_present():
     assert [n.filename for n in course.NOTEBOOKS] == [p.name for p in NOTEBOOKS]
 
 
+def test_each_notebook_belongs_to_its_track():
+    """Issue 40: three tracks, by the number a track starts at, not ``filename >= "07"``."""
+    by_track = {
+        t: [nb.filename[:2] for nb in course.NOTEBOOKS if nb.track == t] for t in course.TRACKS
+    }
+    assert course.TRACKS == ("one device", "several devices", "at scale")
+    assert by_track["one device"] == [f"{n:02d}" for n in range(7)]
+    assert by_track["several devices"] == [f"{n:02d}" for n in range(7, 12)]
+    assert by_track["at scale"] and all(n >= "12" for n in by_track["at scale"])
+    later = course.Notebook("14_when_a_job_hangs.ipynb", "t", 5, "CPU")
+    assert later.track == "at scale"
+
+
 def shared_numbers(filenames: list[str]) -> list[str]:
     """The two-digit numbers that more than one notebook starts with."""
     numbers = [name[:2] for name in filenames]

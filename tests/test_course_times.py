@@ -210,9 +210,11 @@ def test_the_budget_check_sees_an_overlong_notebook_and_course(monkeypatch):
     est = ct.estimates()
     monkeypatch.setattr(ct, "MAX_NOTEBOOK_MIN", 5)
     monkeypatch.setattr(ct, "MAX_COURSE_MIN", 60)
+    monkeypatch.setattr(ct, "MAX_AT_SCALE_MIN", 5)
     problems = ct.budget_problems(est)
     assert sum("over the 5 a notebook may take" in p for p in problems) == len(est)
-    assert any("over its 60" in p for p in problems)
+    assert any("tracks 1 and 2" in p and "over their 60" in p for p in problems)
+    assert any("at-scale track" in p and "over its 5" in p for p in problems)
 
 
 # --------------------------------------------------------------------------- the calibrated model
@@ -420,3 +422,14 @@ def test_the_check_ignores_a_new_compute_record_but_not_a_changed_plan(tmp_path,
     assert [p for p in ct.other_problems(ests) if "syllabi" in p]
     # and the stripped form is the plan alone: no compute word left
     assert "compute" not in ct.without_compute(ct.render_syllabi(ests)).lower()
+
+
+def test_the_at_scale_track_counts_apart_from_tracks_1_and_2(monkeypatch):
+    """Issue 40: track 3's minutes are outside the 480 of tracks 1 and 2, with 180 of their own."""
+    est = ct.estimates()
+    assert ct.AT_SCALE and all(name >= "12" for name in ct.AT_SCALE)
+    core = sum(e.minutes for name, e in est.items() if name not in ct.AT_SCALE)
+    monkeypatch.setattr(ct, "MAX_COURSE_MIN", core)  # tracks 1 and 2 exactly at their limit
+    assert not any("tracks 1 and 2" in p for p in ct.budget_problems(est))
+    monkeypatch.setattr(ct, "MAX_COURSE_MIN", core - 1)
+    assert any("tracks 1 and 2" in p for p in ct.budget_problems(est))

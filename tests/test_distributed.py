@@ -606,11 +606,14 @@ COURSE_SCRIPTS = {
     "track_runs.py": [],  # 10 §4: zero_stages.py and pipeline_gpipe.py in one launch
     "ddp_seen.py": ["--trace-dir", "{tmp}", "--time-step"],  # 07 §4, then §5's timings
     "ddp_step_time.py": [],  # 07 runs its measurement inside ddp_seen.py; alone, for a terminal
+    "ring_attention.py": [],  # 12 §1
+    "expert_parallel.py": [],  # 12 §2
+    "hsdp.py": [],  # 12 §3
     "fewer_bytes.py": [],  # 13 §1-3
     "pipeline_schedules.py": [],  # 13 §4
     "hang_lab.py": [],  # 14 §1-4: three broken collectives, each caught, then a clean exit
 }
-NPROC = {"mesh_2d.py": 4}  # a 2 x 2 mesh; every other script runs on 2 ranks
+NPROC = {"mesh_2d.py": 4, "hsdp.py": 4}  # 2 x 2 meshes; every other script runs on 2 ranks
 EXIT_RUNS = int(os.environ.get("TUTORIAL_EXIT_RUNS", "30"))
 
 

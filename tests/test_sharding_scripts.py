@@ -1,10 +1,11 @@
-"""Pins what notebooks 09 and 10 rely on from FSDP2, ZeroRedundancyOptimizer, DTensor on gloo.
+"""Pins what notebooks 09, 10 and 12 rely on from FSDP2, ZeroRedundancyOptimizer, DTensor on gloo.
 
 FSDP2 on gloo has sharp edges (pytorch#132471: a segfault); these launches fail loudly if a torch
 upgrade changes what the notebook's scripts measure: the bytes each rank holds, the collectives
 FSDP2 calls (``all_gather_single``, ``reduce_scatter_single``, bf16 included), the partition of
-``ZeroRedundancyOptimizer``, and the equality of every setup with one process. Each test is one
-torchrun launch of 2 CPU ranks (10-30 s): marked slow, run by ``make test-all``.
+``ZeroRedundancyOptimizer``, and the equality of every setup with one process; notebook 12's ring
+attention and expert parallelism on 4 ranks, a world size the notebook does not run. Each test is
+one torchrun launch of 2 or 4 CPU ranks (10-30 s): marked slow, run by ``make test-all``.
 """
 
 from __future__ import annotations
@@ -274,3 +275,33 @@ def test_the_calculators_zero_division_matches_what_each_rank_holds(zero):
     # ... and the fuller rank (two 256 x 256 weights) owns 32,384 elements more than half:
     # 259,072 bytes of Adam state above the even split
     assert max(owned) - PSI // 2 == 32384
+
+
+# --- notebook 12 on 4 ranks: the formulas hold at a world size the notebook does not run --------
+
+
+@pytest.mark.slow
+def test_ring_attention_bytes_and_equality_on_4_ranks():
+    """12 §1 runs 2 ranks; on 4 each rank sends 2(W-1)b forward and (4(W-1)+2)b backward,
+    attends to rank + 1 blocks, and still equals one process's SDPA."""
+    from tutorial_utils.exercises.at_scale import ring_reference
+
+    result = launch(SCRIPTS / "ring_attention.py", nproc=4, timeout=300, echo=None)
+    for rank, r in result.reports.items():
+        shape = (r["world"], r["B"], r["H"], r["S"], r["DH"], r["elem"])
+        assert (r["sent_forward"], r["sent_backward"]) == ring_reference(*shape)
+        assert r["blocks_computed"] == rank + 1
+        assert r["forward_gap"] < r["forward_tol"] and r["grad_gap"] < r["grad_tol"], r
+
+
+@pytest.mark.slow
+def test_expert_parallel_bytes_and_equality_on_4_ranks():
+    """12 §2 on 4 ranks: one expert per rank, every byte from the routing, one process's output."""
+    result = launch(SCRIPTS / "expert_parallel.py", nproc=4, timeout=300, echo=None)
+    for rank, r in result.reports.items():
+        row = r["D"] * r["elem"]
+        received_off = sum(r["recv_splits"]) - r["recv_splits"][rank]
+        assert r["counted"]["dispatch"] == r["off_rank_tokens"] * row
+        assert r["counted"]["combine"] == received_off * row
+        assert r["param_bytes"] == r["elem"] * (r["router_numel"] + r["expert_numel"])
+        assert r["forward_gap"] < r["forward_tol"] and r["grad_gap"] < r["grad_tol"], r

@@ -57,22 +57,19 @@ def test_the_navigation_is_the_tracks_of_course_py_in_order():
         assert f"| {nb.minutes} min | {nb.runs_on} |" in page
 
 
-def test_a_third_track_in_course_py_shows_up_without_editing_the_site(monkeypatch):
+def test_a_new_track_in_course_py_shows_up_without_editing_the_site(monkeypatch):
     elective = types.SimpleNamespace(
-        filename="12_long_context.ipynb",
-        title="Long context and experts",
-        minutes=60,
+        filename="20_beyond.ipynb",
+        title="Beyond",
+        minutes=25,
         runs_on="CPU (gloo)",
-        track="at scale",
+        track="beyond",
     )
-    first_two = tuple(nb for nb in course.NOTEBOOKS if nb.track in course.TRACKS[:2])
-    monkeypatch.setattr(course, "TRACKS", (*course.TRACKS[:2], "at scale"))
-    monkeypatch.setattr(course, "NOTEBOOKS", (*first_two, elective))
+    monkeypatch.setattr(course, "TRACKS", (*course.TRACKS, "beyond"))
+    monkeypatch.setattr(course, "NOTEBOOKS", (*course.NOTEBOOKS, elective))
     page = site.home_page()
-    assert "## Track 3: at scale (60 min)" in page
-    assert _toctrees(page)["At scale"] == [
-        "12 · Long context and experts (60 min) <notebooks/12_long_context>"
-    ]
+    assert f"## Track {len(course.TRACKS)}: beyond (25 min)" in page
+    assert _toctrees(page)["Beyond"] == ["20 · Beyond (25 min) <notebooks/20_beyond>"]
 
 
 def test_every_page_of_docs_is_in_the_navigation():

@@ -1,6 +1,6 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 138 wrong answers: 119 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
+This file holds 147 wrong answers: 128 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
 they launch real ranks) and 19 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
@@ -58,6 +58,7 @@ from tutorial_utils.decoder import DecoderConfig
 from tutorial_utils.exercises import (
     Feedback,
     _Stop,
+    at_scale,
     capstone,
     checker,
     creating,
@@ -784,6 +785,49 @@ def _metrics_summed_loss(rank, world, loss, correct, dist):
 
 _SLOW = True
 
+# --- 12 long context and experts ---------------------------------------------------------------
+
+
+def _ring(keys_only=False, hops=None, backward_like_forward=False):
+    """A ring_bytes with one plain mistake."""
+
+    def ring_bytes(world, batch, heads, seq, head_dim, elem):
+        block = batch * heads * (seq // world) * head_dim * elem
+        steps = world - 1 if hops is None else hops(world)
+        forward = steps * (1 if keys_only else 2) * block
+        backward = forward if backward_like_forward else ((world - 1) * 4 + 2) * block
+        return forward, backward
+
+    return ring_bytes
+
+
+def _splits_per_expert(expert_of_token, experts, world):
+    return torch.bincount(expert_of_token, minlength=experts).tolist()
+
+
+def _splits_round_robin(expert_of_token, experts, world):
+    return torch.bincount(expert_of_token % world, minlength=world).tolist()
+
+
+def _splits_even(expert_of_token, experts, world):
+    return [len(expert_of_token) // world] * world
+
+
+def _merge_average(out_a, lse_a, out_b, lse_b):
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def _merge_unscaled(out_a, lse_a, out_b, lse_b):
+    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))
+    return (torch.exp(lse_a) * out_a + torch.exp(lse_b) * out_b) / torch.exp(lse), lse
+
+
+def _merge_keeps_the_larger_lse(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b
+    return out, torch.maximum(lse_a, lse_b)
+
+
 PLAIN = [
     # 00 exercise 1: bytes of a bf16 tensor
     Mistake(
@@ -1436,6 +1480,63 @@ PLAIN = [
         "the V's second stage off by one",
         lambda: fewer_bytes.check_stage_ids(_stages_v_off_by_one),
         ("V-shaped placement",),
+    ),
+    # 12 exercise 1: the bytes of ring attention
+    Mistake(
+        "at_scale.check_ring_bytes",
+        "the keys counted, the values forgotten",
+        lambda: at_scale.check_ring_bytes(_ring(keys_only=True)),
+        ("the forward bytes are wrong",),
+    ),
+    Mistake(
+        "at_scale.check_ring_bytes",
+        "world hops instead of world - 1",
+        lambda: at_scale.check_ring_bytes(_ring(hops=lambda world: world)),
+        ("the forward bytes are wrong",),
+    ),
+    Mistake(
+        "at_scale.check_ring_bytes",
+        "backward sends what forward sends (the gradients forgotten)",
+        lambda: at_scale.check_ring_bytes(_ring(backward_like_forward=True)),
+        ("the backward bytes are wrong",),
+    ),
+    # 12 exercise 2: the dispatch's split sizes
+    Mistake(
+        "at_scale.check_send_splits",
+        "one split per expert",
+        lambda: at_scale.check_send_splits(_splits_per_expert),
+        ("per expert, not per rank",),
+    ),
+    Mistake(
+        "at_scale.check_send_splits",
+        "experts placed round robin",
+        lambda: at_scale.check_send_splits(_splits_round_robin),
+        ("round robin",),
+    ),
+    Mistake(
+        "at_scale.check_send_splits",
+        "the tokens split evenly, whatever the router said",
+        lambda: at_scale.check_send_splits(_splits_even),
+        ("wrong rank",),
+    ),
+    # 12 exercise 3: the merge of two partial attentions
+    Mistake(
+        "at_scale.check_merge",
+        "the two halves averaged",
+        lambda: at_scale.check_merge(_merge_average),
+        ("not the attention over all keys",),
+    ),
+    Mistake(
+        "at_scale.check_merge",
+        "weighed by exp(lse) itself, which overflows",
+        lambda: at_scale.check_merge(_merge_unscaled),
+        ("overflows",),
+    ),
+    Mistake(
+        "at_scale.check_merge",
+        "the right output, the larger log-sum-exp passed on",
+        lambda: at_scale.check_merge(_merge_keeps_the_larger_lse),
+        ("log-sum-exp is wrong",),
     ),
     # 11 capstone 2: the plan, exercise 1 (fewest bytes), exercise 2 (the colleague's step)
     Mistake(

@@ -436,7 +436,7 @@ class Syllabus:
 
 ALL = tuple(p.name for p in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")))
 #: The tracks, as course.py assigns them: one device (00-06, capstone 1), several devices
-#: (07-11, capstone 2), at scale (12 on, electives outside MAX_COURSE_MIN).
+#: (07-11, capstone 2), and the electives at scale (12 on).
 ONE_DEVICE, SEVERAL_DEVICES, AT_SCALE = (
     tuple(nb.filename for nb in COURSE_NOTEBOOKS if nb.track == track) for track in TRACKS
 )
@@ -445,8 +445,10 @@ ONE_DEVICE, SEVERAL_DEVICES, AT_SCALE = (
 READING = {"07_data_parallelism.ipynb": ("3.",)}
 #: What the course may take, all of it and each notebook (issue 32: a day's teaching is about
 #: eight hours; a notebook longer than an hour is two notebooks).
-MAX_COURSE_MIN = 480
+MAX_COURSE_MIN = 480  # tracks 1 and 2 (one device, several devices)
 MAX_NOTEBOOK_MIN = 60
+#: Issue 40: the third track (at scale) is electives outside the 480 minutes, 180 at most.
+MAX_AT_SCALE_MIN = 180
 
 
 def _day_part(name: str, exercises: bool | int = 1) -> Part:
@@ -507,6 +509,15 @@ SYLLABI: tuple[Syllabus, ...] = (
         "capstone 1, the afternoon DDP, ZeRO and FSDP2 and capstone 2; 04's clinic, 07's "
         "sections 3-5, 08 and 10 and the other exercises are homework, in the course's order",
         slack_min=30,
+    ),
+    Syllabus(
+        "the at-scale track, a half day (4 hours)",
+        240,
+        30,
+        tuple(_day_part(name, exercises=True) for name in AT_SCALE),
+        "nothing of the track (every exercise in the room); it assumes the several-devices "
+        "track (07-11), above all 09 (FSDP2) and 10 (the 2-D mesh)",
+        slack_min=20,
     ),
 )
 
@@ -898,17 +909,24 @@ def problems(ests: dict[str, Estimate]) -> list[str]:
 
 
 def budget_problems(ests: dict[str, Estimate]) -> list[str]:
-    """A notebook over ``MAX_NOTEBOOK_MIN``, or the whole course over ``MAX_COURSE_MIN``."""
+    """A notebook over ``MAX_NOTEBOOK_MIN``, tracks 1 and 2 over ``MAX_COURSE_MIN``, or the
+    at-scale track over ``MAX_AT_SCALE_MIN``."""
     out = [
         f"{name} takes {est.minutes} min, over the {MAX_NOTEBOOK_MIN} a notebook may take: "
         "cut what another notebook teaches, or split it"
         for name, est in ests.items()
         if est.minutes > MAX_NOTEBOOK_MIN
     ]
-    total = sum(est.minutes for name, est in ests.items() if name not in AT_SCALE)
-    if total > MAX_COURSE_MIN:
+    core = sum(est.minutes for name, est in ests.items() if name not in AT_SCALE)
+    if core > MAX_COURSE_MIN:
         out.append(
-            f"the course takes {total} min, over its {MAX_COURSE_MIN}: cut what is said twice"
+            f"tracks 1 and 2 take {core} min, over their {MAX_COURSE_MIN}: cut what is said twice"
+        )
+    at_scale = sum(est.minutes for name, est in ests.items() if name in AT_SCALE)
+    if at_scale > MAX_AT_SCALE_MIN:
+        out.append(
+            f"the at-scale track takes {at_scale} min, over its {MAX_AT_SCALE_MIN}: cut what "
+            "another notebook teaches"
         )
     return out
 

@@ -49,7 +49,23 @@ import gpu_wheels  # noqa: E402
 SCHEMA = 1
 # Longest first, so three lanes finish together (times seen on a CPU: 07 and 08 launch torchrun).
 # Keyed by the part of the name before the first "_" ("03" for 03_where_memory_goes.ipynb).
-NOTEBOOK_ORDER = ("07", "11", "10", "09", "08", "13", "14", "04", "05", "06", "03", "01", "00", "02")
+NOTEBOOK_ORDER = (
+    "07",
+    "12",
+    "11",
+    "10",
+    "09",
+    "08",
+    "13",
+    "14",
+    "04",
+    "05",
+    "06",
+    "03",
+    "01",
+    "00",
+    "02",
+)
 
 
 def _number(notebook: Path) -> str:

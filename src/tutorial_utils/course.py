@@ -35,6 +35,7 @@ MINUTES: dict[str, int] = {
     "09_zero_and_fsdp2.ipynb": 45,
     "10_tensor_and_sequence_parallelism.ipynb": 40,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
+    "12_long_context_and_experts.ipynb": 50,
     "13_fewer_bytes.ipynb": 60,
     "14_when_a_job_hangs.ipynb": 40,
 }
@@ -50,13 +51,16 @@ class Notebook:
 
     @property
     def track(self) -> str:
-        """Its track: the first of TRACKS (00-06, capstone 1), the second (07-11, capstone 2) or
-        the third (12 on, electives at scale)."""
-        return TRACKS[(self.filename >= "07") + (self.filename >= "12")]
+        """Its track: the last of ``TRACK_STARTS`` whose first notebook number is at most its own
+        (00-06 one device, 07-11 several devices, 12 on at scale)."""
+        number = self.filename[:2]
+        return [track for first, track in TRACK_STARTS.items() if first <= number][-1]
 
 
-#: The tracks, in order; the first two end in a capstone, the third is electives.
-TRACKS = ("one device", "several devices", "at scale")
+#: The tracks, in order, each with the number of its first notebook. The first two each end in
+#: a capstone; the third ("at scale") is electives, outside the first two's time budget.
+TRACK_STARTS = {"00": "one device", "07": "several devices", "12": "at scale"}
+TRACKS = tuple(TRACK_STARTS.values())
 
 NOTEBOOKS: tuple[Notebook, ...] = (
     Notebook(
@@ -130,6 +134,12 @@ NOTEBOOKS: tuple[Notebook, ...] = (
         "Capstone 2: make it fit across ranks",
         MINUTES["11_capstone_make_it_fit_across_ranks.ipynb"],
         "CPU (gloo), 2+ GPUs (NCCL)",
+    ),
+    Notebook(
+        "12_long_context_and_experts.ipynb",
+        "Long context and experts: ring attention, expert parallelism, HSDP",
+        MINUTES["12_long_context_and_experts.ipynb"],
+        "CPU (gloo, 2 and 4 ranks), 2+ GPUs (NCCL)",
     ),
     Notebook(
         "13_fewer_bytes.ipynb",
