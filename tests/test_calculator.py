@@ -29,7 +29,10 @@ def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
         "gpt2-124m", 16, 512, "bf16-master", "adamw", "every-second-matmul", "none", 1, gpu="H100"
     )
     assert calc.report.peak_bytes > before.peak_bytes
-    assert calc.summary.value != text and "fits on one H100 (80 GB): needs" in calc.summary.value
+    assert (
+        calc.summary.value != text
+        and "fits on one H100 (81,559 MiB reported): needs" in calc.summary.value
+    )
     assert "Headroom kept: CUDA context" in calc.summary.value
     assert len(calc.updates) == 2
 
@@ -123,7 +126,7 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
     from tutorial_utils.decoder import Block
 
     answers, passes = [], []
-    real_fit, real_pass = fit.will_it_fit, fit._fake_pass
+    real_fit, real_pass = fit.will_it_fit, fit.activations._fake_pass
 
     def answer(**knobs):
         answers.append(knobs)
@@ -136,12 +139,12 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
         passes.append(blocks)
         return real_pass(build, *args)
 
-    monkeypatch.setattr(calculator.fit, "will_it_fit", answer)  # the widget's own calls
-    monkeypatch.setattr(fit, "_fake_pass", fake_pass)  # every call, the advice's too
-    fit._activations.cache_clear()
+    monkeypatch.setattr(fit.widget, "will_it_fit", answer)  # the widget's own calls
+    monkeypatch.setattr(fit.activations, "_fake_pass", fake_pass)  # every call, the advice's too
+    fit.activations.activations.cache_clear()
 
     def new_shapes() -> int:  # (batch, seq, recipe, checkpointing) answered for the first time
-        return fit._activations.cache_info().misses
+        return fit.activations.activations.cache_info().misses
 
     person = {"preset": "llama-8b", "precision": "bf16", "optimizer": "adam", "seq": 4096}
     person |= {"sharding": "none", "n_gpus": 1, "checkpointing": "none", "gpu": "80GB"}

@@ -62,12 +62,12 @@ def test_help_describes_every_option_and_comes_before_torch():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["llama-9b"], "model 'llama-9b' is unknown: choose one of"),
+        (["llama-9b"], "model 'llama-9b' is unknown: did you mean 'llama-8b'? choose one of"),
         (["gpt2", "--precision", "fp8"], "precision 'fp8' is unknown"),
         (["gpt2", "--batch", "-3"], "batch must be a whole number from 1"),
         (["gpt2", "--batch", "2.5"], "batch must be a whole number such as 4"),
         (["gpt2", "--gpus", "0"], "--gpus must be a whole number from 1"),
-        (["gpt2", "--gpu", "GTX 9090"], "GPU 'GTX 9090' is unknown: give its memory instead"),
+        (["gpt2", "--gpu", "GTX 9090"], "GPU 'GTX 9090' is unknown: did you mean 'RTX 4090'?"),
         (["gpt2", "--gpu-memory", "lots"], "cannot read 'lots' as a memory size"),
         (["gpt2", "--sharding", "zero3"], "zero3 shards over several GPUs and does nothing on one"),
         (["gpt2", "--gpu", "H100", "--gpu-memory", "24GB"], "not allowed with argument"),
@@ -177,7 +177,7 @@ def test_recipe_optimizer_and_policy_names(typed, read):
         ("RTX A6000", 48 * 10**9),
         ("L40S", 48 * 10**9),
         ("a100-40gb", 40 * 10**9),
-        ("H100", 80 * 10**9),
+        ("H100", 81559 * 2**20),  # nvidia-smi's total for an H100 80GB HBM3
     ],
 )
 def test_a_gpu_is_a_card_or_a_size(typed, nbytes):

@@ -209,7 +209,7 @@ def test_every_row_says_where_it_comes_from_and_what_it_ran():
 
 
 def test_the_3b_config_is_the_released_model():
-    n, _ = fit._counts(LLAMA_3B)
+    n, _ = (fit.shapes.counts(LLAMA_3B).total, fit.shapes.counts(LLAMA_3B).block)
     assert n == 3_212_749_824
 
 
@@ -261,7 +261,7 @@ def test_zero3_model_states_equal_deepspeeds_estimator_but_two_named_terms(prese
     r = fit.will_it_fit(
         preset, seq=128, precision="bf16-master-fp32-grads", sharding="zero3", n_gpus=gpus
     )
-    n, block_n = fit._counts(cfg)
+    n, block_n = (fit.shapes.counts(cfg).total, fit.shapes.counts(cfg).block)
     unit = max(n - cfg.n_layers * block_n, block_n)
     deepspeed = _deepspeed_zero3(n, _largest_module(cfg), gpus)
     named = 2 * n // gpus + 4 * (unit - _largest_module(cfg))
