@@ -7,8 +7,8 @@ Issue 21 asks for at most 2 s per change for presets up to 8B on a 2-core machin
 preset, three kinds of change, each timed by ``Calculator.updates`` (the whole redraw: the
 answer, the advice when it does not fit, the summary, the bar rendered to a PNG):
 
-- a new shape: the block and the head run on fake tensors (``fit.activations.activations`` is cleared
-  before each run, so every run pays it);
+- a new shape: the block and the head run on fake tensors (``fit.activations.activations``
+  is cleared before each run, so every run pays it);
 - another new batch;
 - a shape seen before, answered from the cache.
 

@@ -122,7 +122,6 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
     a (batch, seq, recipe, checkpointing) not answered before, the advice's included."""
     import torch
 
-    from tutorial_utils import calculator
     from tutorial_utils.decoder import Block
 
     answers, passes = [], []
