@@ -11,7 +11,9 @@ and gets these bytes exactly):
   (local) parameter in fp32.
 - **Adam / AdamW, for-loop** (``foreach=False``): ``denom = (exp_avg_sq.sqrt() /
   bias_correction2_sqrt).add_(eps)`` per parameter: the square root and the quotient exist
-  together for a moment, two copies of the largest parameter's second moment.
+  together for a moment, and the previous parameter's ``denom`` is still bound to the name
+  until the new one replaces it: the largest, over the parameters in order, of two copies of
+  one parameter's second moment and one of the one before it.
 - **fused** (``fused=True``): one kernel updates in place: nothing.
 - **SGD with or without momentum**, every implementation: the buffers are updated in place
   (``_foreach_mul_``, ``_foreach_add_``; ``buf.mul_(momentum).add_(grad)``): nothing, with the
@@ -36,5 +38,6 @@ def step_temporaries(
     if impl == "foreach":
         return state_element_bytes * sum(numels)
     if impl == "forloop":
-        return 2 * state_element_bytes * max(numels)
+        before = (0, *numels[:-1])
+        return state_element_bytes * max(2 * n + b for n, b in zip(numels, before, strict=True))
     raise ValueError(f"optimizer implementation must be foreach, fused or forloop, not {impl!r}")
