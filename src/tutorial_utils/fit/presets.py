@@ -211,7 +211,7 @@ def from_config_json(path) -> tuple[str, dict]:
             d_model=h,
             n_layers=need("n_layer"),
             n_heads=need("n_head"),
-            d_ff=need("n_inner", default=4 * h),
+            d_ff=need("n_inner") if config.get("n_inner") is not None else None,
             max_positions=need("n_positions", default=1024),
             tied=bool(config.get("tie_word_embeddings", True)),
         )
