@@ -111,7 +111,7 @@ def test_one_block_times_layers_is_the_whole_model(precision, checkpointing):
             return m.head(m.norm(x))
 
     whole = fit.activations._fake_pass(
-        Checkpointed, tokens, fit.activations._cross_entropy, precision, "none"
+        Checkpointed, tokens, fit.activations.cross_entropy, precision, "none"
     )
     assert whole.held == TOY.n_layers * block.held + head.held
 

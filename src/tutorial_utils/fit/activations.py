@@ -26,7 +26,15 @@ from torch.nn import functional as F
 from ..decoder import Block, Decoder, DecoderConfig
 from .states import Lora
 
-__all__ = ["BF16_MODULE", "Pass", "activations", "same_module", "stream_dtype"]
+__all__ = [
+    "BF16_MODULE",
+    "Pass",
+    "activations",
+    "cross_entropy",
+    "same_module",
+    "stream_dtype",
+    "with_lora",
+]
 
 #: The recipes whose module itself is bf16 (its activations are bf16 too).
 BF16_MODULE = ("bf16-master", "bf16-master-fp32-grads", "pure-bf16")
@@ -84,23 +92,29 @@ def _run(module: nn.Module, x: torch.Tensor, checkpointing: str) -> torch.Tensor
 
 
 class _LoraLinear(nn.Module):
-    """A frozen linear plus B(A(x)) (torchtune's LoRALinear, dropout 0, as its configs)."""
+    """A frozen linear plus B(A(x)) for each of its output ``parts`` (torchtune's LoRALinear,
+    dropout 0 as its configs): the course's fused q/k/v matmul gets three adapters, as
+    torchtune's separate q, k and v projections do."""
 
-    def __init__(self, base: nn.Linear, rank: int):
+    def __init__(self, base: nn.Linear, rank: int, parts: tuple[int, ...] = ()):
         super().__init__()
         self.base = base.requires_grad_(False)
-        self.a = nn.Linear(base.in_features, rank, bias=False)
-        self.b = nn.Linear(rank, base.out_features, bias=False)
+        parts = parts or (base.out_features,)
+        self.a = nn.ModuleList(nn.Linear(base.in_features, rank, bias=False) for _ in parts)
+        self.b = nn.ModuleList(nn.Linear(rank, n, bias=False) for n in parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.b(self.a(x))
+        low = [b(a(x)) for a, b in zip(self.a, self.b, strict=True)]
+        return self.base(x) + (low[0] if len(low) == 1 else torch.cat(low, dim=-1))
 
 
-def _with_lora(block: Block, lora: Lora) -> Block:
+def with_lora(block: Block, cfg: DecoderConfig, lora: Lora) -> Block:
+    """``block`` frozen, with LoRA adapters on the linears ``lora.targets`` names."""
     block.requires_grad_(False)
     attn, mlp = block.attn, block.mlp
-    attn.qkv = _LoraLinear(attn.qkv, lora.rank)  # q, k and v in one matmul: one adapter of
-    attn.proj = _LoraLinear(attn.proj, lora.rank)  # rank r here where torchtune has three
+    kv = cfg.kv_heads * cfg.head_dim
+    attn.qkv = _LoraLinear(attn.qkv, lora.rank, (cfg.q_dim, kv, kv))
+    attn.proj = _LoraLinear(attn.proj, lora.rank)
     if lora.targets == "all":
         for name in ("up", "gate", "down"):
             if hasattr(mlp, name):
@@ -175,7 +189,7 @@ def stream_dtype(precision: str) -> torch.dtype:
     )
 
 
-def _cross_entropy(logits: torch.Tensor, chunks: int = 1) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, chunks: int = 1) -> torch.Tensor:
     """The step's loss: logits upcast to fp32 (``logits.float()``) as training code does, in
     ``chunks`` pieces along the tokens when asked; the labels are made where the logits are
     (fake, under the fake mode: nothing allocated)."""
@@ -208,7 +222,7 @@ def activations(
 
     def build_block():
         block = Block(cfg)
-        return _with_lora(block, lora) if lora is not None else block
+        return with_lora(block, cfg, lora) if lora is not None else block
 
     block = _fake_pass(build_block, block_input, lambda y: y.sum(), precision, checkpointing)
 
@@ -223,7 +237,7 @@ def activations(
         return head
 
     def loss(y):
-        return _cross_entropy(y, ce_chunks)
+        return cross_entropy(y, ce_chunks)
 
     head = _fake_pass(build_head, tokens, loss, precision, "none")
     return block, head
