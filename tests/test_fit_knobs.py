@@ -35,7 +35,7 @@ LLAMA_TOY = DecoderConfig(
 )
 
 
-@pytest.mark.parametrize("targets", ["attention", "all"])
+@pytest.mark.parametrize("targets", ["qv", "attention", "all"])
 @pytest.mark.parametrize("cfg", [TOY, LLAMA_TOY], ids=["gpt2-like", "llama-like"])
 def test_a_lora_block_holds_what_the_fake_block_says(cfg, targets):
     b, s, lora = 2, 16, Lora(4, targets)
@@ -53,7 +53,7 @@ def test_a_lora_block_holds_what_the_fake_block_says(cfg, targets):
     assert fake.held != full.held, "a frozen linear saves no input for its weight's gradient"
 
 
-@pytest.mark.parametrize("targets", ["attention", "all"])
+@pytest.mark.parametrize("targets", ["qv", "attention", "all"])
 def test_a_lora_step_holds_the_states_the_calculator_counts(targets):
     """A real AdamW step that trains only the adapters: frozen weights, and the adapters'
     weights, gradients and two moments (Adam's CPU step counters left out, as on a GPU)."""

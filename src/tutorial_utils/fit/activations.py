@@ -96,16 +96,22 @@ class _LoraLinear(nn.Module):
     dropout 0 as its configs): the course's fused q/k/v matmul gets three adapters, as
     torchtune's separate q, k and v projections do."""
 
-    def __init__(self, base: nn.Linear, rank: int, parts: tuple[int, ...] = ()):
+    def __init__(self, base: nn.Linear, rank: int, parts=(), adapted=()):
         super().__init__()
         self.base = base.requires_grad_(False)
-        parts = parts or (base.out_features,)
-        self.a = nn.ModuleList(nn.Linear(base.in_features, rank, bias=False) for _ in parts)
-        self.b = nn.ModuleList(nn.Linear(rank, n, bias=False) for n in parts)
+        self.parts = tuple(parts) or (base.out_features,)
+        self.adapted = tuple(adapted) or (True,) * len(self.parts)
+        wanted = [n for n, on in zip(self.parts, self.adapted, strict=True) if on]
+        self.a = nn.ModuleList(nn.Linear(base.in_features, rank, bias=False) for _ in wanted)
+        self.b = nn.ModuleList(nn.Linear(rank, n, bias=False) for n in wanted)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        low = [b(a(x)) for a, b in zip(self.a, self.b, strict=True)]
-        return self.base(x) + (low[0] if len(low) == 1 else torch.cat(low, dim=-1))
+        low = iter([b(a(x)) for a, b in zip(self.a, self.b, strict=True)])
+        parts = [
+            next(low) if on else x.new_zeros(*x.shape[:-1], n)  # k unadapted: no adapter
+            for n, on in zip(self.parts, self.adapted, strict=True)
+        ]
+        return self.base(x) + (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1))
 
 
 def with_lora(block: Block, cfg: DecoderConfig, lora: Lora) -> Block:
@@ -113,8 +119,10 @@ def with_lora(block: Block, cfg: DecoderConfig, lora: Lora) -> Block:
     block.requires_grad_(False)
     attn, mlp = block.attn, block.mlp
     kv = cfg.kv_heads * cfg.head_dim
-    attn.qkv = _LoraLinear(attn.qkv, lora.rank, (cfg.q_dim, kv, kv))
-    attn.proj = _LoraLinear(attn.proj, lora.rank)
+    adapted = (True, False, True) if lora.targets == "qv" else (True, True, True)
+    attn.qkv = _LoraLinear(attn.qkv, lora.rank, (cfg.q_dim, kv, kv), adapted)
+    if lora.targets != "qv":
+        attn.proj = _LoraLinear(attn.proj, lora.rank)
     if lora.targets == "all":
         for name in ("up", "gate", "down"):
             if hasattr(mlp, name):

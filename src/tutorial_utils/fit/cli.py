@@ -144,7 +144,8 @@ def parser() -> argparse.ArgumentParser:
         "--lora-targets",
         type=_reader(inputs.lora_targets),
         default="attention",
-        help="which linears LoRA adapts: attention (q, k, v, output) or all (default attention)",
+        help="which linears LoRA adapts: qv (q and v: PEFT's and litgpt's default), attention "
+        "(q, k, v, output) or all (with the MLP) (default attention)",
     )
     p.add_argument(
         "--qlora",

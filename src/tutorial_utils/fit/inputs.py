@@ -116,10 +116,17 @@ _SHARDING_ALIASES = {
     "zero-3": "zero3",
 }
 
-#: Which linear layers LoRA adapts: torchtune's ``lora_attn_modules`` (q, k, v, output
-#: projections) alone, or with the MLP too (``apply_lora_to_mlp``).
-LORA_TARGETS = ("attention", "all")
-_LORA_ALIASES = {"attn": "attention", "qkvo": "attention", "all-linear": "all", "mlp": "all"}
+#: Which linear layers LoRA adapts: q and v (Hugging Face PEFT's and litgpt's default for
+#: Llama, torchtune's ``lora_attn_modules=['q_proj', 'v_proj']``), the four attention
+#: projections (q, k, v, output), or those and the MLP (``apply_lora_to_mlp``).
+LORA_TARGETS = ("qv", "attention", "all")
+_LORA_ALIASES = {
+    "q-v": "qv",
+    "attn": "attention",
+    "qkvo": "attention",
+    "all-linear": "all",
+    "mlp": "all",
+}
 
 
 def key(text: str) -> str:

@@ -72,6 +72,8 @@ def counts(cfg: DecoderConfig) -> Counts:
 #: The linear layers of one block each LoRA target adapts, as (in, out) features.
 def _lora_shapes(cfg: DecoderConfig, targets: str) -> list[tuple[int, int]]:
     h, kv, q, f = cfg.d_model, cfg.kv_heads * cfg.head_dim, cfg.q_dim, cfg.ff
+    if targets == "qv":
+        return [(h, q), (h, kv)]
     shapes = [(h, q), (h, kv), (h, kv), (q, h)]  # q, k, v, output projections
     if targets == "all":
         shapes += [(h, f), (f, h)] + ([(h, f)] if cfg.mlp == "swiglu" else [])
