@@ -8,7 +8,8 @@ change in what is trained):
    batch, same gradients: notebook 05 checks it) before anything that changes it;
 2. activation checkpointing, from the lightest policy up;
 3. ZeRO stages and FSDP over the fewest GPUs;
-4. an 8-bit AdamW, pure bf16, and LoRA (rank 16), which change what is trained.
+4. the fused AdamW step (no foreach copy of the second moments), then an 8-bit AdamW, pure
+   bf16, and LoRA (rank 16), which change what is trained.
 
 A knob that cannot fit alone is tried with full checkpointing, then with micro-batch 1 and
 accumulation too. When the model states alone are more than the GPU holds, no batch or
@@ -42,6 +43,8 @@ COSTS = {
     "every-second-matmul": "recomputes every second matmul in backward: about 10-15 % more time",
     "full": "recomputes each block's forward in backward: about a third more compute",
     "sharding": "{n} GPUs, and their communication every step",
+    "fused": "none in what is trained: the same update in one kernel, without foreach's "
+    "copy of the second moments (not torch's default yet)",
     "adamw8bit": "changes the optimizer: 8-bit block-wise moments (bitsandbytes), close to "
     "AdamW in published runs but not the same",
     "pure-bf16": "changes what is trained: bf16 weights and moments lose small updates",
@@ -220,6 +223,10 @@ def advise(report: FitReport) -> Advice:
             cost = COSTS["sharding"].format(n=n) + change.cost
             changes.append(Change(what, change.report, cost))
     others = []
+    if report.optimizer == "adamw" and report.arguments.get("optimizer_impl") == "foreach":
+        others.append(
+            ("fused AdamW step (fused=True)", {"optimizer_impl": "fused"}, COSTS["fused"])
+        )
     if report.optimizer == "adamw":
         others.append(("8-bit AdamW", {"optimizer": "adamw8bit"}, COSTS["adamw8bit"]))
     if report.precision != "pure-bf16":

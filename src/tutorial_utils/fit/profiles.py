@@ -13,8 +13,10 @@ and what the profile adds at its compute moments, for
   always meant this here.
 - **FSDP2** (``fully_shard``, per-parameter DTensor shards): ZeRO-3's states and units, plus
   ``reshard_after_forward=False`` (every block's gathered weights kept from forward to
-  backward) and ``MixedPrecisionPolicy(reduce_dtype=float32)`` over 16-bit parameters (each
-  unit's gradients cast to fp32 before the reduce-scatter: 4 more bytes per unit parameter).
+  backward, in storage of their own beside the shards) and
+  ``MixedPrecisionPolicy(reduce_dtype=float32)`` over 16-bit parameters (each unit's gradients
+  cast to fp32 before the reduce-scatter: 4 more bytes per unit parameter).
+  ``tests/test_fit_profiles.py`` holds DDP, ZeRO-1 and FSDP2 to what 2 gloo ranks measure.
 - **FSDP1** (``FullyShardedDataParallel``, flat parameters): ``FULL_SHARD`` gathers the unit
   and, with the default ``BackwardPrefetch.BACKWARD_PRE``, the next unit before this one's
   gradients are computed: two units' weights and one unit's flat gradient at once.
@@ -88,6 +90,7 @@ class Spread:
     kept_gathered: int  # bytes of gathered weights kept from forward to backward
     buckets: int  # DDP's gradient buckets
     unit: str  # what the largest unit is, said in words
+    unit_weights: int = 0  # of ``gathered``: the unit's gathered weights alone
 
 
 def spread(
@@ -124,13 +127,14 @@ def spread(
     words = f"{name}, {unit_n / 1e6:,.0f} M parameters"
     grads = int(grad_bytes * unit_n * trainable_fraction)
     w = weight_bytes * unit_n
+    # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
+    every_unit = int(weight_bytes * stage_n / mesh.tp)
     if sharding == "fsdp1":  # this unit and the next, prefetched, and this unit's gradient
-        return Spread(shared, fraction, 2 * w + grads, 0, 0, words + " (and the next, prefetched)")
+        words += " (and the next, prefetched)"
+        return Spread(shared, fraction, 2 * w + grads, 0, 0, words, 2 * w)
     if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
-        kept = int(weight_bytes * stage_n / mesh.tp) - shared["weights"]
-        return Spread(shared, fraction, grads, kept, 0, "every unit, kept gathered")
+        return Spread(shared, fraction, grads, every_unit, 0, "every unit, kept gathered", w)
     extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
-    kept = 0
-    if sharding == "fsdp2" and not reshard_after_forward:
-        kept = int(weight_bytes * stage_n / mesh.tp) - shared["weights"]
-    return Spread(shared, fraction, w + grads + extra, kept, 0, words)
+    if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
+        return Spread(shared, fraction, grads + extra, every_unit, 0, words, w)
+    return Spread(shared, fraction, w + grads + extra, 0, 0, words, w)
