@@ -237,3 +237,33 @@ def test_counts_that_are_not_whole_numbers_say_so(value):
 def test_sizes_that_are_no_gpu_are_refused(gb):
     with pytest.raises((ValueError, TypeError)):
         fit_inputs.parse_size(f"{gb}GB")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["mistral-7b"],
+        ["qwen2.5-7b"],
+        ["llama-3.1-8b", "--lora", "16"],
+        ["llama-3.1-8b", "--optimizer", "adamw8bit"],
+        ["llama-3.1-70b", "--tp", "8", "--gpus", "64"],
+        [
+            "llama-3.1-8b",
+            "--optimizer-impl",
+            "fused",
+            "--grad-accumulation",
+            "4",
+            "--ce-chunks",
+            "8",
+        ],
+        ["llama-3.1-70b", "--sharding", "fsdp1", "--gpus", "8", "--cpu-offload"],
+        ["gemma-2b", "--lora", "8", "--qlora", "--gpu", "T4"],
+    ],
+    ids=" ".join,
+)
+def test_the_issue_s_questions_each_answer_with_a_number_and_a_verdict(args, capsys):
+    """Issue 39's done-when: each of these answers, with a number and a verdict."""
+    assert fit_cli.main([*args, "--seq", "1024"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "GiB" in out and ("fits on" in out or "does not fit" in out), out
+    assert "eager mode" in out  # the answer says what it models
