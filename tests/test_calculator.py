@@ -210,3 +210,25 @@ def test_any_bad_value_is_one_sentence_and_moves_no_knob(knob_and_value):
         calc.set(**{knob: value})
     assert "\n" not in str(info.value) and type(info.value).__name__ != "TraitError"
     assert calc.values() == before
+
+
+def test_the_new_knobs_move_the_answer_and_the_bar_and_verdict_agree():
+    """The widget shows the knobs the calculator gained (the optimizer's implementation, LoRA,
+    gradient accumulation, TP), says it is updating while it works, and never shows a bar of
+    one answer under the verdict of another: the bar is cleared first and drawn before the
+    verdict."""
+    calc = Calculator(preset="llama-8b", batch=2, seq=1024, sharding="none", n_gpus=1)
+    shown = []
+    calc.summary.observe(lambda c: shown.append(("summary", c["new"])), names="value")
+    calc.picture.observe(lambda c: shown.append(("picture", c["new"])), names="value")
+    foreach = calc.report
+    calc.set(optimizer_impl="fused")
+    assert calc.report.peaks["optimizer step"] < foreach.peaks["optimizer step"]
+    assert shown[0] == ("summary", "<i>updating...</i>") and shown[1] == ("picture", b"")
+    assert [kind for kind, _ in shown[2:]] == ["picture", "summary"], "bar first, then verdict"
+    calc.set(lora_rank=16, grad_accumulation=4, tp=1)
+    assert calc.report.n_parameters == foreach.n_parameters
+    assert calc.report.model_states["gradients"] < foreach.model_states["gradients"] / 100
+    assert "LoRA rank 16" in repr(calc.report) and calc.report.verdict in calc.summary.value
+    calc.set(lora_rank=128)  # a rank the dropdown lacks widens it, as a slider widens
+    assert 128 in calc.knobs["lora_rank"].options and "128 added" in calc.notes[0]

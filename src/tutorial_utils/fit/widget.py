@@ -43,7 +43,13 @@ _DEFAULTS = {
     "n_gpus": 8,
     "gpu": "H100",
     "headroom": True,
+    "optimizer_impl": "foreach",
+    "lora_rank": 0,
+    "grad_accumulation": 1,
+    "tp": 1,
 }
+LORA_RANKS = (0, 8, 16, 32, 64)  # 0: full training
+TP_DEGREES = (1, 2, 4, 8)
 #: How each knob's value is read from what a person types (one sentence when it cannot be).
 _READ = {
     "preset": presets.model,
@@ -56,6 +62,10 @@ _READ = {
     "n_gpus": lambda v: inputs.positive_int("n_gpus", v, largest=2**20),
     "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else cards.gpu(v).name,
     "headroom": lambda v: _boolean(v),
+    "optimizer_impl": inputs.optimizer_impl,
+    "lora_rank": lambda v: 0 if v == 0 else inputs.positive_int("lora_rank", v, 2**16),
+    "grad_accumulation": lambda v: inputs.positive_int("grad_accumulation", v, 2**20),
+    "tp": lambda v: inputs.positive_int("tp", v, 2**12),
 }
 
 
@@ -118,6 +128,16 @@ class Calculator:
                 value=values["gpu"],
             ),
             "headroom": w.Checkbox(value=values["headroom"]),
+            "optimizer_impl": w.Dropdown(
+                options=inputs.OPTIMIZER_IMPLS, value=values["optimizer_impl"]
+            ),
+            "lora_rank": w.Dropdown(
+                options=sorted({*LORA_RANKS, values["lora_rank"]}), value=values["lora_rank"]
+            ),
+            "grad_accumulation": w.IntSlider(
+                value=values["grad_accumulation"], min=1, max=max(64, values["grad_accumulation"])
+            ),
+            "tp": w.Dropdown(options=sorted({*TP_DEGREES, values["tp"]}), value=values["tp"]),
         }
         for name, knob in self.knobs.items():
             knob.description = name
@@ -134,7 +154,8 @@ class Calculator:
             [
                 w.HBox(knobs_list[:4]),
                 w.HBox(knobs_list[4:8]),
-                w.HBox(knobs_list[8:]),
+                w.HBox(knobs_list[8:11]),
+                w.HBox(knobs_list[11:]),
                 self.summary,
                 self.picture,
             ]
@@ -188,13 +209,13 @@ class Calculator:
 
     def _widen(self, name: str, value) -> None:
         knob = self.knobs[name]
-        if name in ("batch", "n_gpus") and value > knob.max:
+        if name in ("batch", "n_gpus", "grad_accumulation") and value > knob.max:
             knob.max = value
             self.notes.append(f"the {name} slider now goes to {value:,}")
-        elif name in ("seq", "gpu") and value not in knob.options:
+        elif name in ("seq", "gpu", "lora_rank", "tp") and value not in knob.options:
             knob.options = (
                 sorted({*knob.options, value})
-                if name == "seq"
+                if name != "gpu"
                 else [
                     *knob.options,
                     value,
@@ -211,8 +232,12 @@ class Calculator:
 
     def _update(self) -> None:
         start = time.perf_counter()
-        # Cleared first: whatever happens below, the old answer is not shown as the new one
+        # Cleared first: whatever happens below, the old answer is not shown as the new one;
+        # the page says it is updating, and the old bar goes, so a verdict and a bar shown
+        # together always belong to the same answer (the bar is drawn before the verdict)
         self.report, self.advice, self.error = None, None, None
+        self.summary.value = "<i>updating...</i>"
+        self.picture.value = b""
         try:
             report = will_it_fit(**self._fit_args(self.values()))
         except (TypeError, ValueError) as err:  # e.g. GPT-2 at 2048 tokens, ZeRO on one GPU
@@ -232,8 +257,8 @@ class Calculator:
             lines.append(f"Headroom kept: {html.escape(kept)} (sources: fit.headroom).")
         if self.notes:
             lines.append(f"<i>{html.escape('; '.join(self.notes))}.</i>")
-        self.summary.value = "<br>".join(lines)
         self.picture.value = _png(report)
+        self.summary.value = "<br>".join(lines)
         self.updates.append(time.perf_counter() - start)
 
     def _ipython_display_(self) -> None:
