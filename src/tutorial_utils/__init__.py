@@ -18,7 +18,10 @@ Each module has one job:
 * ``formulas``: training memory by formula: parameters, bytes per parameter, activations
 * ``fit``: the "will it fit" calculator, a file per job: one GPU's peak training memory for a
   decoder preset or config.json, by profile (DDP, ZeRO, FSDP1/2, TP/PP/CP) and knob
-* ``fit_inputs``, ``fit_advice``, ``fit_cli``, ``calculator``: its old import paths
+* ``fit_inputs``: the old import path of ``fit.inputs``, ``fit.presets``, ``fit.cards``
+* ``fit_advice``: the old import path of ``fit.advice``
+* ``calculator``: the old import path of ``fit.widget`` (``Calculator()``, notebook 03 names it)
+* ``fit_cli``: the old import path of ``fit.cli`` (``python -m tutorial_utils fit``)
 * ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
 * ``listing``: the named functions of a script, shown instead of the whole file
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
