@@ -256,8 +256,11 @@ def test_the_gpu_table_and_the_names_agree_with_the_presets():
     for name, cfg in PRESETS.items():  # decoder.PRESETS and the table give the same shapes
         assert DecoderConfig(**presets.PRESETS[name].fields) == cfg
     assert set(fit_inputs.RECIPES) == set(formulas.PRECISIONS) == set(fit.PRECISIONS)
-    for name, gb in {"RTX 3090": 24, "RTX 4090": 24, "L4": 24, "A10G": 24, "L40S": 48}.items():
+    for name, gb in {"A10G": 24, "L40S": 48, "T4": 16}.items():  # no reported total found
         assert fit_inputs.gpu(name).memory_bytes == gb * 10**9
+    for name, mib in {"RTX 3090": 24576, "RTX 4090": 24564, "L4": 23034, "A100": 81920}.items():
+        card = fit_inputs.gpu(name)  # nvidia-smi's totals, each with its source
+        assert card.memory_bytes == mib * 2**20 and f"{mib}MiB" in card.source
 
 
 def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input():

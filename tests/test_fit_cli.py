@@ -170,9 +170,9 @@ def test_recipe_optimizer_and_policy_names(typed, read):
         ("24GB", 24 * 10**9),
         ("24 GB", 24 * 10**9),
         ("80GiB", 80 * 2**30),
-        ("RTX 3090", 24 * 10**9),
-        ("nvidia rtx 4090", 24 * 10**9),
-        ("L4", 24 * 10**9),
+        ("RTX 3090", 24576 * 2**20),  # nvidia-smi reports it
+        ("nvidia rtx 4090", 24564 * 2**20),
+        ("L4", 23034 * 2**20),  # nvidia-smi's total for an L4
         ("A10G", 24 * 10**9),
         ("RTX A6000", 48 * 10**9),
         ("L40S", 48 * 10**9),

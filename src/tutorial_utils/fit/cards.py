@@ -4,9 +4,10 @@ One job: turn ``'A100-80GB'``, ``'RTX 4090'`` or ``'24GB'`` into a ``Gpu``: a na
 bytes the verdict compares with, and where that figure comes from.
 
 A card's capacity is the total its driver reports, where a report could be found: the
-``Memory-Usage`` total of ``nvidia-smi`` (the A100-SXM4-80GB prints ``81920MiB``, the H100 80GB
-HBM3 ``81559MiB``: the same figures in many nvidia-smi printouts published on GitHub, found with
-the course's code search). Elsewhere it is the maker's spec sheet, read as 10**9 bytes per GB,
+``Memory-Usage`` total of ``nvidia-smi`` (and ``FB Memory Usage: Total`` of ``nvidia-smi -a``),
+read from nvidia-smi printouts captured on real machines in November 2024 and published in
+thamada/nvidia-smi (each row names its file); the A100 and H100 figures appear the same in
+many other published printouts. Elsewhere it is the maker's spec sheet, read as 10**9 bytes per GB,
 and the name says so ("spec sheet"): the reported total is then a little larger (an "80 GB"
 A100 reports 80 GiB), so a spec figure errs on the side of "does not fit".
 ``torch.cuda.mem_get_info()``'s total is a little under nvidia-smi's (an A100-SXM4-80GB:
@@ -57,23 +58,29 @@ class Card:
         return self.reported_mib * MiB if self.reported_mib else self.spec_gb * GB
 
 
-_SMI = "nvidia-smi's total (Memory-Usage column) as printed in public nvidia-smi logs"
+_SMI = "nvidia-smi's total (Memory-Usage), thamada/nvidia-smi"
 _SPEC = "the maker's spec sheet (GB = 10**9 bytes); no reported total found"
 
 CARDS: dict[str, Card] = {
     "T4": Card(None, 16, _SPEC),
     "V100-16GB": Card(None, 16, _SPEC),
     "V100-32GB": Card(None, 32, _SPEC),
-    "RTX 3090": Card(None, 24, _SPEC),
-    "RTX 4090": Card(None, 24, _SPEC),
+    "RTX 3090": Card(24576, 24, f"{_SMI} gls/RTX3090_smi.py@b09ef13: GeForce RTX 3090, 24576MiB"),
+    "RTX 4090": Card(
+        24564, 24, f"{_SMI} package/RTX4090_smi.py@6f38a71: GeForce RTX 4090, 24564MiB"
+    ),
     "A10": Card(None, 24, _SPEC),
     "A10G": Card(None, 24, _SPEC),
-    "L4": Card(None, 24, _SPEC),
+    "L4": Card(23034, 24, f"{_SMI} gls/L4_smi.py@b09ef13: NVIDIA L4, 23034MiB"),
     "RTX A6000": Card(None, 48, _SPEC),
     "L40S": Card(None, 48, _SPEC),
     "A100-40GB": Card(None, 40, _SPEC),
-    "A100-80GB": Card(81920, 80, f"{_SMI}: NVIDIA A100-SXM4-80GB, 81920MiB"),
-    "H100": Card(81559, 80, f"{_SMI}: NVIDIA H100 80GB HBM3, 81559MiB"),
+    "A100-80GB": Card(
+        81920, 80, f"{_SMI} gls/A100SXMx4_smi.py@b09ef13: NVIDIA A100-SXM4-80GB, 81920MiB"
+    ),
+    "H100": Card(
+        81559, 80, f"{_SMI} nvsim/H100SXMx8_smi.py@03fbe6e: NVIDIA H100 80GB HBM3, 81559MiB"
+    ),
     "H200": Card(None, 141, _SPEC),
 }
 #: Each card's capacity in bytes, as the verdict uses it.
