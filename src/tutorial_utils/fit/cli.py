@@ -57,9 +57,9 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m tutorial_utils fit",
         description=(
-            "Will it fit? One GPU's memory at the peak of a training step (exact, on fake "
-            "tensors: nothing is allocated), the headroom kept, and the smallest changes that "
-            "make it fit."
+            "Will it fit? One GPU's memory at the peak of a training step in eager mode "
+            "(activations exact on fake tensors: nothing is allocated), the headroom kept, and "
+            "the smallest changes that make it fit, each with its cost."
         ),
         epilog=f"GPUs in the table: {', '.join(cards.CARDS)}. The answer is for eager mode.",
     )
@@ -181,8 +181,8 @@ def parser() -> argparse.ArgumentParser:
         "--sharding",
         type=_reader(inputs.sharding),
         default="none",
-        help="none (or ddp: each GPU holds everything), zero1, zero2, zero3 (or fsdp) "
-        "(default none)",
+        help="none (or ddp: each GPU holds everything), zero1, zero2, zero3 (or fsdp), fsdp1 "
+        "(FULL_SHARD), fsdp1-grad-op (SHARD_GRAD_OP), fsdp2 (fully_shard) (default none)",
     )
     p.add_argument(
         "--gpus",
