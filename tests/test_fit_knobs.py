@@ -18,6 +18,7 @@ from tutorial_utils.decoder import Decoder, DecoderConfig
 from tutorial_utils.fit.activations import activations, cross_entropy, with_lora
 from tutorial_utils.fit.shapes import counts, lora_counts
 from tutorial_utils.fit.states import Lora, model_states
+from tutorial_utils.fit.temporaries import step_temporaries
 
 TOY = DecoderConfig(vocab=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
 LLAMA_TOY = DecoderConfig(
@@ -148,3 +149,40 @@ def test_tp_and_the_mesh_divide_the_states_and_the_activations():
     assert tp.categories["activations"] < alone.categories["activations"]
     with pytest.raises(ValueError, match="do not split into tp 8"):
         fit.will_it_fit("llama-3.1-70b", n_gpus=12, tp=8)
+
+
+def test_the_optimizer_step_in_backward_holds_one_gradient_and_its_step_at_a_time():
+    """Notebook 03 section 7's recipe: one AdamW per parameter, stepped by a post-accumulate-grad
+    hook that then frees the gradient. Measured inside each hook: the step's temporaries are
+    one parameter's (foreach over one tensor) and its gradient goes at once; after backward no
+    gradient is left. The calculator's end-of-backward term is the largest of these: the
+    largest parameter's gradient and its step."""
+    torch.manual_seed(0)
+    model = Decoder(TOY)
+    params = list(model.parameters())
+    opts = {p: torch.optim.AdamW([p], foreach=True) for p in params}
+    tokens = torch.zeros(2, 16, dtype=torch.long)
+    held = []
+
+    def step(p):
+        with memory.measure("cpu") as m:
+            opts[p].step()
+            grad = p.grad.untyped_storage().nbytes()
+            p.grad = None
+        held.append((grad + m.peak_above_start_bytes, m.delta_bytes, grad, p.numel()))
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(step)
+    for _ in range(2):  # the first step makes the states; the second is measured
+        held.clear()
+        cross_entropy(model(tokens)).backward()
+    assert all(p.grad is None for p in params)
+    for total, delta, grad, n in held:
+        assert delta == -grad and total == grad + step_temporaries([n], "adamw", "foreach")
+    r = fit.will_it_fit(TOY, batch=2, seq=16, precision="fp32", optimizer_in_backward=True)
+    largest = max(held)[0]  # the largest parameter's gradient and its step's temporaries
+    block = activations(TOY, 2, 16, "fp32", "none")[0]
+    states = r.model_states
+    fixed = states["weights"] + states["master weights"] + states["optimizer state"]
+    assert r.peaks["end of backward"] == fixed + block.held + block.backward_over + largest
+    assert "optimizer step" not in r.peaks, "no step after backward: it happened inside"
