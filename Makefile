@@ -136,6 +136,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/monitor_cost.py
 	$(BIN)/python benchmarks/response_times.py
 	$(BIN)/python benchmarks/calculator_updates.py
+	$(BIN)/python benchmarks/fit_times.py
 	$(BIN)/python benchmarks/launch_times.py
 	$(BIN)/python benchmarks/gpu_bench.py --out artifacts/bench
 

@@ -7,8 +7,8 @@ Issue 21 asks for at most 2 s per change for presets up to 8B on a 2-core machin
 preset, three kinds of change, each timed by ``Calculator.updates`` (the whole redraw: the
 answer, the advice when it does not fit, the summary, the bar rendered to a PNG):
 
-- a new shape: the block and the head run on fake tensors (``fit._activations`` is cleared
-  before each run, so every run pays it);
+- a new shape: the block and the head run on fake tensors (``fit.activations.activations``
+  is cleared before each run, so every run pays it);
 - another new batch;
 - a shape seen before, answered from the cache.
 
@@ -53,7 +53,7 @@ def main() -> None:
         seq = 1024 if name.startswith("gpt2") else 2048
         times: dict[str, list[float]] = {"new": [], "again": [], "cached": []}
         for _ in range(args.runs):
-            fit._activations.cache_clear()  # every run answers the new shapes from scratch
+            fit.activations.activations.cache_clear()  # every run answers from scratch
             calc.set(preset=name, seq=seq, batch=3, sharding="zero3", n_gpus=8)
             times["new"].append(calc.updates[-1])
             calc.set(batch=5)

@@ -77,7 +77,7 @@ def first_count() -> float:
 def huge_batch() -> float:
     from tutorial_utils import fit
 
-    fit._activations.cache_clear()
+    fit.activations.activations.cache_clear()
     start = time.perf_counter()
     fit.will_it_fit("gpt2", batch=100_000, seq=1024, precision="bf16-master")
     return time.perf_counter() - start

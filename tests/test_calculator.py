@@ -29,7 +29,10 @@ def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
         "gpt2-124m", 16, 512, "bf16-master", "adamw", "every-second-matmul", "none", 1, gpu="H100"
     )
     assert calc.report.peak_bytes > before.peak_bytes
-    assert calc.summary.value != text and "fits on one H100 (80 GB): needs" in calc.summary.value
+    assert (
+        calc.summary.value != text
+        and "fits on one H100 (81,559 MiB reported): needs" in calc.summary.value
+    )
     assert "Headroom kept: CUDA context" in calc.summary.value
     assert len(calc.updates) == 2
 
@@ -119,11 +122,10 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
     a (batch, seq, recipe, checkpointing) not answered before, the advice's included."""
     import torch
 
-    from tutorial_utils import calculator
     from tutorial_utils.decoder import Block
 
     answers, passes = [], []
-    real_fit, real_pass = fit.will_it_fit, fit._fake_pass
+    real_fit, real_pass = fit.will_it_fit, fit.activations._fake_pass
 
     def answer(**knobs):
         answers.append(knobs)
@@ -136,12 +138,12 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
         passes.append(blocks)
         return real_pass(build, *args)
 
-    monkeypatch.setattr(calculator.fit, "will_it_fit", answer)  # the widget's own calls
-    monkeypatch.setattr(fit, "_fake_pass", fake_pass)  # every call, the advice's too
-    fit._activations.cache_clear()
+    monkeypatch.setattr(fit.widget, "will_it_fit", answer)  # the widget's own calls
+    monkeypatch.setattr(fit.activations, "_fake_pass", fake_pass)  # every call, the advice's too
+    fit.activations.activations.cache_clear()
 
     def new_shapes() -> int:  # (batch, seq, recipe, checkpointing) answered for the first time
-        return fit._activations.cache_info().misses
+        return fit.activations.activations.cache_info().misses
 
     person = {"preset": "llama-8b", "precision": "bf16", "optimizer": "adam", "seq": 4096}
     person |= {"sharding": "none", "n_gpus": 1, "checkpointing": "none", "gpu": "80GB"}
@@ -208,3 +210,25 @@ def test_any_bad_value_is_one_sentence_and_moves_no_knob(knob_and_value):
         calc.set(**{knob: value})
     assert "\n" not in str(info.value) and type(info.value).__name__ != "TraitError"
     assert calc.values() == before
+
+
+def test_the_new_knobs_move_the_answer_and_the_bar_and_verdict_agree():
+    """The widget shows the knobs the calculator gained (the optimizer's implementation, LoRA,
+    gradient accumulation, TP), says it is updating while it works, and never shows a bar of
+    one answer under the verdict of another: the bar is cleared first and drawn before the
+    verdict."""
+    calc = Calculator(preset="llama-8b", batch=2, seq=1024, sharding="none", n_gpus=1)
+    shown = []
+    calc.summary.observe(lambda c: shown.append(("summary", c["new"])), names="value")
+    calc.picture.observe(lambda c: shown.append(("picture", c["new"])), names="value")
+    foreach = calc.report
+    calc.set(optimizer_impl="fused")
+    assert calc.report.peaks["optimizer step"] < foreach.peaks["optimizer step"]
+    assert shown[0] == ("summary", "<i>updating...</i>") and shown[1] == ("picture", b"")
+    assert [kind for kind, _ in shown[2:]] == ["picture", "summary"], "bar first, then verdict"
+    calc.set(lora_rank=16, grad_accumulation=4, tp=1)
+    assert calc.report.n_parameters == foreach.n_parameters
+    assert calc.report.model_states["gradients"] < foreach.model_states["gradients"] / 100
+    assert "LoRA rank 16" in repr(calc.report) and calc.report.verdict in calc.summary.value
+    calc.set(lora_rank=128)  # a rank the dropdown lacks widens it, as a slider widens
+    assert 128 in calc.knobs["lora_rank"].options and "128 added" in calc.notes[0]

@@ -63,7 +63,10 @@ def test_zero3_gathers_the_largest_unit_the_root_for_llama_8b_a_block_for_gpt2()
     assert llama.categories["gathered unit"] == 4 * root  # bf16 weights and their gradients
     assert llama.gathered_unit.startswith("the root")
     gpt2 = fit.will_it_fit("gpt2", seq=256, precision="bf16-master", sharding="zero3", n_gpus=8)
-    n, block_n = fit._counts(PRESETS["gpt2-124m"])
+    n, block_n = (
+        fit.shapes.counts(PRESETS["gpt2-124m"]).total,
+        fit.shapes.counts(PRESETS["gpt2-124m"]).block,
+    )
     root_n = n - 12 * block_n  # tied embedding, positions, final norm: 39 M < a block's 7 M?
     assert gpt2.categories["gathered unit"] == 4 * max(root_n, block_n)
 
@@ -71,7 +74,7 @@ def test_zero3_gathers_the_largest_unit_the_root_for_llama_8b_a_block_for_gpt2()
 def test_the_peak_is_the_largest_moment_not_the_sum():
     r = fit.will_it_fit("llama-1b", batch=2, seq=1024, precision="bf16-master")
     assert r.peak_bytes == max(r.peaks.values()) == r.peaks[r.peak_moment]
-    block, head = fit._activations(PRESETS["llama-1b"], 2, 1024, "bf16-master", "none")
+    block, head = fit.activations.activations(PRESETS["llama-1b"], 2, 1024, "bf16-master", "none")
     everything_at_once = (
         sum(r.model_states.values())
         + 16 * block.held
@@ -90,7 +93,7 @@ def test_the_peak_is_the_largest_moment_not_the_sum():
 def test_one_block_times_layers_is_the_whole_model(precision, checkpointing):
     """The calculator runs one block and multiplies: a whole fake model holds the same."""
     b, s = 2, 16
-    block, head = fit._activations(TOY, b, s, precision, checkpointing)
+    block, head = fit.activations.activations(TOY, b, s, precision, checkpointing)
 
     def tokens():
         return torch.zeros(b, s, dtype=torch.long)
@@ -104,16 +107,18 @@ def test_one_block_times_layers_is_the_whole_model(precision, checkpointing):
             m = self.inner
             x = m.embed(t) + m.positions(torch.arange(t.shape[1]))
             for blk in m.blocks:
-                x = fit._run(blk, x, checkpointing)
+                x = fit.activations._run(blk, x, checkpointing)
             return m.head(m.norm(x))
 
-    whole = fit._fake_pass(Checkpointed, tokens, fit._cross_entropy, precision, "none")
+    whole = fit.activations._fake_pass(
+        Checkpointed, tokens, fit.activations.cross_entropy, precision, "none"
+    )
     assert whole.held == TOY.n_layers * block.held + head.held
 
 
 def test_fake_block_matches_a_real_block_and_the_formula():
     b, s = 2, 16
-    block = fit._activations(TOY, b, s, "fp32", "none")[0].held
+    block = fit.activations.activations(TOY, b, s, "fp32", "none")[0].held
     real = Decoder(TOY).blocks[0]
     x = torch.randn(b, s, TOY.d_model, requires_grad=True)
     from tutorial_utils import memory
@@ -128,10 +133,10 @@ def test_fake_block_matches_a_real_block_and_the_formula():
 
 def test_full_checkpointing_keeps_only_each_block_input():
     b, s = 2, 16
-    none = fit._activations(TOY, b, s, "fp32", "none")[0]
-    full = fit._activations(TOY, b, s, "fp32", "full")[0]
-    every = fit._activations(TOY, b, s, "fp32", "every-matmul")[0]
-    second = fit._activations(TOY, b, s, "fp32", "every-second-matmul")[0]
+    none = fit.activations.activations(TOY, b, s, "fp32", "none")[0]
+    full = fit.activations.activations(TOY, b, s, "fp32", "full")[0]
+    every = fit.activations.activations(TOY, b, s, "fp32", "every-matmul")[0]
+    second = fit.activations.activations(TOY, b, s, "fp32", "every-second-matmul")[0]
     assert full.held == b * s * TOY.d_model * 4, "the output (next block's input) only"
     assert full.held < second.held < every.held < none.held
     # backward recomputes the block: its peak rises above what the plain block's backward needs
@@ -140,7 +145,7 @@ def test_full_checkpointing_keeps_only_each_block_input():
 
 def test_report_verdict_names_the_number_and_the_headroom():
     small = fit.will_it_fit("gpt2", batch=1, seq=128, precision="bf16-master", gpu="T4")
-    assert small.fits and small.verdict.startswith("fits on one T4 (16 GB): needs ")
+    assert small.fits and small.verdict.startswith("fits on one T4 (16 GB, spec sheet): needs ")
     assert small.total == small.peak_bytes + sum(small.headroom.values())
     assert set(small.headroom) == {"CUDA context", "allocator reserve"}
     assert "+ headroom" in small.verdict
@@ -167,7 +172,7 @@ def test_formula_total_is_near_the_exact_sum(preset, precision):
     (end of forward, plus every gradient) agree to a few percent."""
     r = fit.will_it_fit(preset, batch=2, seq=512, precision=precision, optimizer="adamw")
     summed = r.peaks["end of forward"] + r.model_states["gradients"]
-    block, head = fit._activations(PRESETS[preset], 2, 512, precision, "none")
+    block, head = fit.activations.activations(PRESETS[preset], 2, 512, precision, "none")
     summed -= head.forward_over  # the formula has no transient
     assert abs(r.formula_total - summed) / summed < 0.03, (r.formula_total, summed)
 
@@ -175,7 +180,11 @@ def test_formula_total_is_near_the_exact_sum(preset, precision):
 @pytest.mark.parametrize(
     "knobs, error, message",
     [
-        ({"preset": "llama-9b"}, ValueError, "model 'llama-9b' is unknown: choose one of"),
+        (
+            {"preset": "llama-9b"},
+            ValueError,
+            "model 'llama-9b' is unknown: did you mean 'llama-8b'\\? choose one of",
+        ),
         ({"precision": "fp8"}, ValueError, "precision 'fp8' is unknown: choose one of"),
         ({"optimizer": "lion"}, ValueError, "optimizer 'lion' is unknown"),
         ({"checkpointing": "some"}, ValueError, "checkpointing 'some' is unknown"),
@@ -188,7 +197,7 @@ def test_formula_total_is_near_the_exact_sum(preset, precision):
             "zero3 shards over several GPUs and does nothing on one",
         ),
         ({"preset": "gpt2-124m", "seq": 4096}, ValueError, "learned positions"),
-        ({"gpu": "GTX 9090"}, ValueError, "GPU 'GTX 9090' is unknown: give its memory instead"),
+        ({"gpu": "GTX 9090"}, ValueError, "GPU 'GTX 9090' is unknown: did you mean 'RTX 4090'"),
         ({"headroom": "yes"}, TypeError, "headroom must be True or False"),
         ({"batch": 10**7, "seq": 10**6}, ValueError, "more than any GPU has"),
     ],
@@ -215,15 +224,15 @@ def test_a_huge_batch_allocates_nothing_and_answers_fast(monkeypatch):
 
     from tutorial_utils.decoder import Block
 
-    passes, real_pass = [], fit._fake_pass
+    passes, real_pass = [], fit.activations._fake_pass
 
     def fake_pass(build, *args):
         with torch.device("meta"):
             passes.append(sum(isinstance(m, Block) for m in build().modules()))
         return real_pass(build, *args)
 
-    monkeypatch.setattr(fit, "_fake_pass", fake_pass)
-    fit._activations.cache_clear()  # answered from scratch, not from an earlier test's cache
+    monkeypatch.setattr(fit.activations, "_fake_pass", fake_pass)
+    fit.activations.activations.cache_clear()  # from scratch, not an earlier test's cache
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = fit.will_it_fit("gpt2", batch=100_000, seq=1024, precision="bf16-master")
     assert passes == [1, 0], passes  # one block, then the head: never the whole model
@@ -241,11 +250,17 @@ def test_presets_build_on_meta_without_memory():
 
 def test_the_gpu_table_and_the_names_agree_with_the_presets():
     from tutorial_utils import fit_inputs
+    from tutorial_utils.fit import presets
 
-    assert set(fit_inputs.MODELS) == set(PRESETS)
+    assert set(PRESETS) <= set(fit_inputs.MODELS)  # the course's five, then the rest
+    for name, cfg in PRESETS.items():  # decoder.PRESETS and the table give the same shapes
+        assert DecoderConfig(**presets.PRESETS[name].fields) == cfg
     assert set(fit_inputs.RECIPES) == set(formulas.PRECISIONS) == set(fit.PRECISIONS)
-    for name, gb in {"RTX 3090": 24, "RTX 4090": 24, "L4": 24, "A10G": 24, "L40S": 48}.items():
+    for name, gb in {"A10G": 24, "L40S": 48, "T4": 16}.items():  # no reported total found
         assert fit_inputs.gpu(name).memory_bytes == gb * 10**9
+    for name, mib in {"RTX 3090": 24576, "RTX 4090": 24564, "L4": 23034, "A100": 81920}.items():
+        card = fit_inputs.gpu(name)  # nvidia-smi's totals, each with its source
+        assert card.memory_bytes == mib * 2**20 and f"{mib}MiB" in card.source
 
 
 def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input():
@@ -264,7 +279,7 @@ def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input()
         fit.shard_model_states(states, "zero4", 2)
     with pytest.raises(ValueError, match="n_gpus must be a whole number"):
         fit.shard_model_states(states, "zero1", 0)
-    result = doctest.testmod(fit)
+    result = doctest.testmod(fit.profiles)
     assert result.attempted >= 1 and result.failed == 0
 
 
@@ -276,15 +291,15 @@ def test_the_picture_ends_near_the_bar_and_its_title_fits():
 
     small = fit.will_it_fit("gpt2-124m", batch=1, seq=512, precision="bf16-master")
     ax = small.plot()
-    t4 = fit.GPUS["T4"] / fit.GiB
+    t4 = fit.GPUS["T4"] / fit.cards.GiB
     assert ax.get_xlim() == pytest.approx((0, 1.08 * t4))  # the first GPU that holds it
     assert [t.get_text() for t in ax.texts] == ["T4 / V100-16GB"]
     plt.close(ax.figure)
 
     huge = fit.will_it_fit("llama-70b", batch=1, seq=2048, precision="bf16-master", gpu="H100")
     ax = huge.plot()
-    assert ax.get_xlim()[1] == pytest.approx(1.15 * huge.total / fit.GiB)
-    assert [t.get_text() for t in ax.texts] == ["H100 (80 GB)"]
+    assert ax.get_xlim()[1] == pytest.approx(1.15 * huge.total / fit.cards.GiB)
+    assert [t.get_text() for t in ax.texts] == ["H100 (81,559 MiB reported)"]
     figure = ax.figure
     figure.canvas.draw()
     title = ax.title.get_window_extent(figure.canvas.get_renderer())

@@ -8,18 +8,36 @@ import pytest
 from tutorial_utils import fit, fit_advice
 
 
-def test_the_largest_batch_that_fits_is_offered_and_one_more_does_not_fit():
+def test_the_largest_micro_batch_that_fits_keeps_the_batch_and_one_more_does_not_fit():
     r = fit.will_it_fit("gpt2", batch=512, seq=1024, precision="bf16-master", gpu="RTX 4090")
     advice = fit_advice.advise(r)
     assert not advice.fits and not advice.states_alone
-    batch = next(c for c in advice.changes if c.what.startswith("batch "))
-    assert batch.report.fits and batch.report.batch < 512
+    first = advice.changes[0]  # gradient accumulation comes before anything that changes the batch
+    assert first.what.startswith("micro-batch ") and "accumulated" in first.what, advice
+    micro, k = first.report.batch, first.report.arguments["grad_accumulation"]
+    assert first.report.fits and micro < 512 and micro * k >= 512, "the batch is kept"
+    assert "same effective batch" in first.cost
     more = fit.will_it_fit(
-        "gpt2", batch=batch.report.batch + 1, seq=1024, precision="bf16-master", gpu="RTX 4090"
+        "gpt2",
+        batch=micro + 1,
+        seq=1024,
+        precision="bf16-master",
+        gpu="RTX 4090",
+        grad_accumulation=-(-512 // (micro + 1)),
     )
-    assert not more.fits, "a larger batch fits too: the offered one is not the largest"
-    # a batch change alone fits, so no sharding or recipe change with more knobs is offered
+    assert not more.fits, "a larger micro-batch fits too: the offered one is not the largest"
+    # a micro-batch change alone fits, so no change with more knobs is offered
     assert all(" and " not in c.what for c in advice.changes), advice
+    assert all(c.cost for c in advice.changes), "every suggestion says what it costs"
+
+
+def test_the_issue_s_example_is_offered_accumulation_before_batch_1():
+    r = fit.will_it_fit("llama-3.2-1b", batch=8, seq=4096, gpu="RTX 4090")
+    advice = fit_advice.advise(r)
+    assert not advice.fits
+    first = advice.changes[0]
+    assert "accumulated" in first.what and first.report.arguments["grad_accumulation"] > 1
+    assert not any(c.what.startswith("batch 1") for c in advice.changes), advice
 
 
 def test_when_model_states_alone_exceed_the_card_it_says_so_and_what_would_help():

@@ -62,12 +62,12 @@ def test_help_describes_every_option_and_comes_before_torch():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["llama-9b"], "model 'llama-9b' is unknown: choose one of"),
+        (["llama-9b"], "model 'llama-9b' is unknown: did you mean 'llama-8b'? choose one of"),
         (["gpt2", "--precision", "fp8"], "precision 'fp8' is unknown"),
         (["gpt2", "--batch", "-3"], "batch must be a whole number from 1"),
         (["gpt2", "--batch", "2.5"], "batch must be a whole number such as 4"),
         (["gpt2", "--gpus", "0"], "--gpus must be a whole number from 1"),
-        (["gpt2", "--gpu", "GTX 9090"], "GPU 'GTX 9090' is unknown: give its memory instead"),
+        (["gpt2", "--gpu", "GTX 9090"], "GPU 'GTX 9090' is unknown: did you mean 'RTX 4090'?"),
         (["gpt2", "--gpu-memory", "lots"], "cannot read 'lots' as a memory size"),
         (["gpt2", "--sharding", "zero3"], "zero3 shards over several GPUs and does nothing on one"),
         (["gpt2", "--gpu", "H100", "--gpu-memory", "24GB"], "not allowed with argument"),
@@ -170,14 +170,14 @@ def test_recipe_optimizer_and_policy_names(typed, read):
         ("24GB", 24 * 10**9),
         ("24 GB", 24 * 10**9),
         ("80GiB", 80 * 2**30),
-        ("RTX 3090", 24 * 10**9),
-        ("nvidia rtx 4090", 24 * 10**9),
-        ("L4", 24 * 10**9),
+        ("RTX 3090", 24576 * 2**20),  # nvidia-smi reports it
+        ("nvidia rtx 4090", 24564 * 2**20),
+        ("L4", 23034 * 2**20),  # nvidia-smi's total for an L4
         ("A10G", 24 * 10**9),
         ("RTX A6000", 48 * 10**9),
         ("L40S", 48 * 10**9),
         ("a100-40gb", 40 * 10**9),
-        ("H100", 80 * 10**9),
+        ("H100", 81559 * 2**20),  # nvidia-smi's total for an H100 80GB HBM3
     ],
 )
 def test_a_gpu_is_a_card_or_a_size(typed, nbytes):
@@ -237,3 +237,33 @@ def test_counts_that_are_not_whole_numbers_say_so(value):
 def test_sizes_that_are_no_gpu_are_refused(gb):
     with pytest.raises((ValueError, TypeError)):
         fit_inputs.parse_size(f"{gb}GB")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["mistral-7b"],
+        ["qwen2.5-7b"],
+        ["llama-3.1-8b", "--lora", "16"],
+        ["llama-3.1-8b", "--optimizer", "adamw8bit"],
+        ["llama-3.1-70b", "--tp", "8", "--gpus", "64"],
+        [
+            "llama-3.1-8b",
+            "--optimizer-impl",
+            "fused",
+            "--grad-accumulation",
+            "4",
+            "--ce-chunks",
+            "8",
+        ],
+        ["llama-3.1-70b", "--sharding", "fsdp1", "--gpus", "8", "--cpu-offload"],
+        ["gemma-2b", "--lora", "8", "--qlora", "--gpu", "T4"],
+    ],
+    ids=" ".join,
+)
+def test_the_issue_s_questions_each_answer_with_a_number_and_a_verdict(args, capsys):
+    """Issue 39's done-when: each of these answers, with a number and a verdict."""
+    assert fit_cli.main([*args, "--seq", "1024"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "GiB" in out and ("fits on" in out or "does not fit" in out), out
+    assert "eager mode" in out  # the answer says what it models

@@ -1,17 +1,28 @@
 """fit against the world: measured peaks others published, and DeepSpeed's own estimators.
 
-Each row of ``MEASURED`` is a peak someone else measured, with its source, the commit we read it
-at, and the configuration it ran. The calculator must land within 10 % of every row it can
-model; rows it cannot (torch.compile, Float8, unpublished sequence lengths) are listed with the
-reason and skipped, so the table shows what is not checked as well as what is.
+Each row of ``MEASURED`` is a peak someone else measured, with its source, the commit or page
+we read it at, and the recipe it ran. Rows the calculator can express (eager mode, a model
+and recipe it models) are predicted and compared; rows it cannot (torch.compile, Float8, a
+model outside the decoder family, an unpublished sequence length) are listed with the reason,
+so the table shows what is not checked as well as what is. No constant was fitted to these
+rows: the calculator's terms come from code and the CPU tests; the rows judge them.
+
+Today: 13 rows expressible, 10 within +-10 % (and the same 10 within +-20 %); the three
+misses are the QLoRA rows (litgpt's bnb.nf4-dq and torchtune's NF4), 22-39 % under, each
+with its missing term in ``missing``. ``test_the_misses_are_the_rows_that_say_so`` fails if
+another row misses or a named miss starts to agree, so this paragraph stays true.
 
 What each source reports decides what is compared:
 
 - torchtitan logs ``max_reserved_gib``: the allocator's ``reserved_bytes.all.peak``
   (``torchtitan/metrics.py`` and ``train.py`` at 9dec370). That is the tensors' peak plus the
-  allocator's reserve; the CUDA context is outside it. So: ``peak_bytes`` + the reserve term.
-- torchtune's table is "Peak Memory Active": the allocator's active bytes, the tensors alone.
-  So: ``peak_bytes``.
+  allocator's reserve; the CUDA context is outside it. So: ``peak_bytes`` + the reserve term
+  (an assumption: ``fit.headroom``).
+- torchtune's README table is "Peak Memory Active": the tensors alone: ``peak_bytes``. Its
+  tutorials' tables are peak memory *reserved*, in GiB (``torchtune/training/memory.py``
+  divides by 1024**3): ``peak_bytes`` + the reserve.
+- litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB":
+  ``peak_bytes`` in 10**9 bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import pytest
 from tutorial_utils import fit, fit_inputs
 from tutorial_utils.decoder import PRESETS, Decoder, DecoderConfig
 
-GiB = 2**30
+GiB, GB = 2**30, 10**9
 TOLERANCE = 0.10
 
 TORCHTITAN = (
@@ -43,13 +54,44 @@ TORCHTUNE_RUN = (
     "Llama 3.2 3B, full_finetune_single_device, batch 2, max seq 4096, bf16 (weights, "
     "gradients and AdamW state), A100; each technique added on top of the previous one"
 )
+TORCHTUNE_LORA = (
+    "pytorch/torchtune docs/source/tutorials/lora_finetune.rst, the table of LoRA layers and "
+    "ranks (file last changed 0c31907, 2024-11-16; read at bd2a0fc); peak memory reserved, GiB"
+)
+TORCHTUNE_QLORA = (
+    "pytorch/torchtune docs/source/tutorials/qlora_finetune.rst, 'Peak memory reserved, "
+    "training' (read at bd2a0fc); GiB"
+)
+TORCHTUNE_LORA_RUN = (
+    "Llama 2 7B, lora_finetune_single_device with llama2/7B_lora_single_device: batch 2, bf16 "
+    "weights and adapters (AdamW state bf16), activation checkpointing on, Alpaca unpacked; "
+    "the Alpaca sequence length is not published: 1304 assumed, litgpt's longest Alpaca "
+    "sample under Llama 2's tokenizer (an assumption of this row)"
+)
+LITGPT = (
+    "Lightning-AI/litgpt tutorials/resource-tables.md (last changed e567dbe, read at 2685705): "
+    "LitGPT 8641822, PyTorch 2.1.0, bitsandbytes 0.41.1, A100-SXM4-40GB, 2023-10-20; "
+    "'Max GPU RAM' is max_memory_allocated / 1e9"
+)
+LITGPT_RUN = (
+    "litgpt finetune_lora, Alpaca (longest sample 1304 tokens under Llama 2's tokenizer, as "
+    "the page says), --precision bf16-true (weights, adapters and AdamW state bf16), LoRA r=8 "
+    "on query and value (trainable 4,194,304 for 7B, as the page lists), minibatch 128 by "
+    "gradient accumulation, no activation checkpointing; LoRA dropout 0.05 not modelled"
+)
+LIGHTNING = (
+    "Lightning Fabric docs, 'Training models with billions of parameters' (FSDP guide), "
+    "https://lightning.ai/docs/fabric/stable/advanced/model_parallel/fsdp.html (checked "
+    "2026-12-01, src/tutorial_utils/published.json key fsdp_strategies); Lightning 2.1, "
+    "2x A100 40GB"
+)
 TRAINY = (
     "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (read at "
     "b5bcd76); torchtitan e7c0cae, 2025-06, H200"
 )
 
 #: Llama 3.2 3B from Meta's config.json (hidden 3072, 28 layers, 24 heads, 8 kv heads, MLP
-#: 8192, vocab 128256, tied embeddings): 3,212,749,824 parameters.
+#: 8192, vocab 128256, tied embeddings): 3,212,749,824 parameters; now a preset too.
 LLAMA_3B = DecoderConfig(
     vocab=128256,
     d_model=3072,
@@ -70,12 +112,14 @@ class Measured:
     """A published measured peak and how to ask the calculator the same question."""
 
     what: str
-    measured_gib: float
+    measured: float
     source: str
     configuration: str
-    compares: str  # "reserved" (peak + allocator reserve) or "active" (peak)
+    compares: str  # "reserved" (peak + allocator reserve) or "active"/"allocated" (peak)
     knobs: dict | None  # will_it_fit's arguments; None when it cannot be modelled
     not_modelled: str = ""  # why not, when knobs is None
+    unit: int = GiB
+    missing: str = ""  # for a row that misses: the term the calculator lacks
 
 
 def _titan(n_gpus: int) -> dict:
@@ -90,6 +134,40 @@ def _titan(n_gpus: int) -> dict:
         n_gpus=n_gpus,
     )
 
+
+def _litgpt(preset: str, micro: int, base: str = "bf16") -> dict:
+    return dict(
+        preset=preset,
+        batch=micro,
+        seq=1304,
+        precision="pure-bf16",
+        lora_rank=8,
+        lora_targets="qv",
+        lora_base=base,
+        grad_accumulation=128 // micro,
+    )
+
+
+def _tune_lora(targets: str, rank: int, base: str = "bf16") -> dict:
+    return dict(
+        preset="llama-2-7b",
+        batch=2,
+        seq=1304,
+        precision="pure-bf16",
+        checkpointing="full",
+        lora_rank=rank,
+        lora_targets=targets,
+        lora_base=base,
+    )
+
+
+_NF4_MISSING = (
+    "a QLoRA term: the NF4 weights are counted (0.52 B/weight), yet the measured peak is 3-4 "
+    "GB higher; not found in the sources read (candidates: bitsandbytes' dequantized bf16 "
+    "weights and workspaces, the bf16 load before quantizing; torchtune's NF4 model init "
+    "alone peaked at 9.13 GiB)"
+)
+_COMPILE = "torch.compile changes what is saved: eager mode only (a labelled band)"
 
 MEASURED = (
     Measured("torchtitan FSDP, 8 GPUs", 82.4, TORCHTITAN, TORCHTITAN_RUN, "reserved", _titan(8)),
@@ -112,50 +190,102 @@ MEASURED = (
             checkpointing="none",
         ),
     ),
-    Measured(
-        "torchtitan FSDP + torch.compile, 8 GPUs",
-        77.0,
-        TORCHTITAN,
-        TORCHTITAN_RUN + " + torch.compile",
-        "reserved",
-        None,
-        "torch.compile fuses operators and changes what is saved: not modelled",
+    *(
+        Measured(
+            f"litgpt LoRA, Llama 2 {size}, micro-batch {micro}",
+            gb,
+            LITGPT,
+            LITGPT_RUN,
+            "allocated",
+            _litgpt(f"llama-2-{size.lower()}", micro),
+            unit=GB,
+        )
+        for size, micro, gb in (("7B", 1, 21.30), ("7B", 2, 29.07), ("13B", 1, 38.12))
+    ),
+    *(
+        Measured(
+            f"litgpt QLoRA (bnb.nf4-dq), Llama 2 {size}",
+            gb,
+            LITGPT,
+            LITGPT_RUN + "; base quantized with bitsandbytes NF4, double quantization",
+            "allocated",
+            _litgpt(f"llama-2-{size.lower()}", 1, "nf4"),
+            unit=GB,
+            missing=_NF4_MISSING,
+        )
+        for size, gb in (("7B", 13.84), ("13B", 22.55))
+    ),
+    *(
+        Measured(
+            f"torchtune LoRA {label}, rank {rank}, Llama 2 7B",
+            gib,
+            TORCHTUNE_LORA,
+            TORCHTUNE_LORA_RUN
+            + (
+                "; LoRA on q and v"
+                if targets == "qv"
+                else "; LoRA on q, k, v, output, the MLP and the output projection (the "
+                "last not modelled: rank x (4096 + 32000) more weights)"
+            ),
+            "reserved",
+            _tune_lora(targets, rank),
+        )
+        for label, targets, rank, gib in (
+            ("Q and V only", "qv", 8, 15.57),
+            ("all layers", "all", 8, 15.87),
+            ("Q and V only", "qv", 64, 15.86),
+            ("all layers", "all", 64, 17.04),
+        )
     ),
     Measured(
-        "torchtitan FSDP + torch.compile + Float8, 8 GPUs",
-        76.8,
-        TORCHTITAN,
-        TORCHTITAN_RUN + " + torch.compile + Float8",
+        "torchtune QLoRA, Llama 2 7B",
+        9.29,
+        TORCHTUNE_QLORA,
+        TORCHTUNE_LORA_RUN + "; llama2/7B_qlora_single_device: the base in torchao's NF4",
         "reserved",
-        None,
-        "Float8 linears and torch.compile: not modelled",
+        _tune_lora("qv", 8, "nf4"),
+        missing=_NF4_MISSING,
     ),
-    Measured(
-        "torchtitan FSDP + torch.compile, 128 GPUs",
-        62.0,
-        TORCHTITAN,
-        TORCHTITAN_RUN + " + torch.compile",
-        "reserved",
-        None,
-        "torch.compile: not modelled",
+    *(
+        Measured(
+            f"torchtitan FSDP + {label}, {gpus} GPUs",
+            gib,
+            TORCHTITAN,
+            TORCHTITAN_RUN + f" + {label}",
+            "reserved",
+            None,
+            _COMPILE,
+        )
+        for label, gpus, gib in (
+            ("torch.compile", 8, 77.0),
+            ("torch.compile + Float8", 8, 76.8),
+            ("torch.compile", 128, 62.0),
+            ("torch.compile + Float8", 128, 61.8),
+        )
     ),
-    Measured(
-        "torchtitan FSDP + torch.compile + Float8, 128 GPUs",
-        61.8,
-        TORCHTITAN,
-        TORCHTITAN_RUN + " + torch.compile + Float8",
-        "reserved",
-        None,
-        "Float8 linears and torch.compile: not modelled",
+    *(
+        Measured(
+            f"torchtitan FSDP {8 // cp} x CP {cp}, seq {seq}",
+            gib,
+            TORCHTITAN,
+            "Table 2: Llama 3.1 8B, 8 GPUs, local batch 1, full AC, torch.compile + Float8",
+            "reserved",
+            None,
+            _COMPILE + "; Float8 linears not modelled",
+        )
+        for cp, seq, gib in ((1, 32768, 83.9), (2, 65536, 84.2), (4, 131072, 84.0))
     ),
-    Measured(
-        "Trainy, Llama 3.1 8B, 32 H200 (4 nodes)",
-        47.96,
-        TRAINY,
-        "local batch 2, torch.compile, Float8 (FSDP Float8 all-gather)",
-        "reserved",
-        None,
-        "Float8 linears and torch.compile: not modelled",
+    *(
+        Measured(
+            f"Trainy, Llama 3.1 8B, {nodes * 8} H200 ({nodes} nodes)",
+            gib,
+            TRAINY,
+            "local batch 2, torch.compile, Float8 (FSDP Float8 all-gather)",
+            "reserved",
+            None,
+            _COMPILE + "; Float8 linears not modelled",
+        )
+        for nodes, gib in ((4, 47.96), (8, 46.97))
     ),
     Measured(
         "torchtune Llama 3.2 3B baseline",
@@ -166,51 +296,106 @@ MEASURED = (
         None,
         "unpacked batches are padded to their longest sample, whose length is not published",
     ),
-    Measured(
-        "torchtune Llama 3.2 3B + compile",
-        51.0,
-        TORCHTUNE,
-        TORCHTUNE_RUN + "; packed, torch.compile",
-        "active",
-        None,
-        "torch.compile: not modelled (the later rows add chunked cross-entropy, offloading, "
-        "8-bit AdamW on top of it)",
+    *(
+        Measured(
+            f"torchtune Llama 3.2 3B + {label}",
+            gib,
+            TORCHTUNE,
+            TORCHTUNE_RUN + f"; packed, torch.compile, ... + {label}",
+            "active",
+            None,
+            _COMPILE + " (each later row adds its technique on top of compile)",
+        )
+        for label, gib in (
+            ("compile", 51.0),
+            ("chunked cross-entropy", 42.9),
+            ("activation checkpointing", 24.9),
+            ("optimizer step in backward", 23.1),
+            ("activation offloading", 21.8),
+            ("8-bit AdamW", 17.6),
+            ("LoRA", 8.5),
+            ("QLoRA", 4.6),
+        )
+    ),
+    *(
+        Measured(
+            f"Lightning Fabric FSDP guide, {strategy}",
+            mb / 1000,
+            LIGHTNING,
+            f"1B-parameter nn.Transformer (encoder-decoder) demo, Adam, {strategy}",
+            "allocated",
+            None,
+            "an encoder-decoder nn.Transformer of unpublished batch and sequence: not the "
+            "decoder family the calculator models",
+            unit=GB,
+        )
+        for strategy, mb in (
+            ("DDP", 26953),
+            ("FSDP NO_SHARD", 23181),
+            ("FSDP SHARD_GRAD_OP", 11815),
+            ("FSDP FULL_SHARD", 11578),
+            ("FSDP FULL_SHARD + CPU offload", 2825),
+        )
     ),
 )
 
+MODELLED = [row for row in MEASURED if row.knobs is not None]
 
-def predicted_gib(row: Measured) -> float:
+
+def predicted(row: Measured) -> float:
     r = fit.will_it_fit(**row.knobs)
-    if row.compares == "active":
-        return r.peak_bytes / GiB
-    return (r.peak_bytes + r.headroom["allocator reserve"]) / GiB
+    extra = r.headroom["allocator reserve"] if row.compares == "reserved" else 0
+    return (r.peak_bytes + extra) / row.unit
 
 
 def difference(row: Measured) -> float:
-    return predicted_gib(row) / row.measured_gib - 1
+    return predicted(row) / row.measured - 1
 
 
-@pytest.mark.parametrize("row", MEASURED, ids=lambda row: row.what)
-def test_the_calculator_is_within_ten_percent_of_each_published_peak(row):
-    if row.knobs is None:
-        pytest.skip(f"not modelled: {row.not_modelled}")
-    assert abs(difference(row)) <= TOLERANCE, (
-        f"{row.what}: predicted {predicted_gib(row):.1f} GiB, measured {row.measured_gib} GiB "
-        f"({difference(row):+.1%}); {row.source}"
-    )
+@pytest.mark.parametrize("row", MODELLED, ids=lambda row: row.what)
+def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_its_miss(row):
+    d = difference(row)
+    said = f"{row.what}: predicted {predicted(row):.2f}, measured {row.measured} ({d:+.1%})"
+    if row.missing:
+        assert abs(d) > TOLERANCE, f"{said}: it agrees now; drop its 'missing' note"
+    else:
+        assert abs(d) <= TOLERANCE, f"{said}; {row.source}"
+
+
+def test_the_misses_are_the_rows_that_say_so():
+    """The fraction the module's docstring states: 10 of 13 within 10 % (and 20 %)."""
+    within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
+    within20 = [row for row in MODELLED if abs(difference(row)) <= 2 * TOLERANCE]
+    assert (len(within), len(within20), len(MODELLED)) == (10, 10, 13)
+    assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
 
 
 def test_every_row_says_where_it_comes_from_and_what_it_ran():
-    modelled = [row for row in MEASURED if row.knobs is not None]
-    assert len({row.source for row in modelled}) >= 2, "at least two independent sources"
+    assert len(MEASURED) >= 15
+    sources = {row.source.split()[0] for row in MEASURED}
+    assert len(sources) >= 4, sources
+    projects = {row.source.split()[0] for row in MODELLED}  # torchtitan, torchtune, litgpt
+    assert len(projects) >= 3, projects
     for row in MEASURED:
-        assert row.source and row.configuration and row.compares in ("reserved", "active")
+        assert row.source and row.configuration
+        assert row.compares in ("reserved", "active", "allocated")
         assert (row.knobs is None) == bool(row.not_modelled)
 
 
+def test_the_compile_rows_fall_in_the_band_the_answer_shows():
+    """The compile band (``report.COMPILE_BAND``) is made of these very rows, so this is a
+    check of its arithmetic, not of the calculator: each compile row lies inside the band
+    drawn around its own eager row."""
+    from tutorial_utils.fit.report import COMPILE_BAND
+
+    for eager, compiled in ((82.4, (77.0, 76.8)), (67.0, (62.0, 61.8)), (60.0, (51.0,))):
+        for value in compiled:
+            assert COMPILE_BAND[0] * eager - 1e-9 <= value <= COMPILE_BAND[1] * eager + 1e-9
+
+
 def test_the_3b_config_is_the_released_model():
-    n, _ = fit._counts(LLAMA_3B)
-    assert n == 3_212_749_824
+    assert fit.shapes.counts(LLAMA_3B).total == 3_212_749_824
+    assert fit.shapes.config("llama-3.2-3b")[1] == LLAMA_3B
 
 
 # DeepSpeed's estimators, read at deepspeedai/DeepSpeed edaa722 (2026-08-22):
@@ -261,7 +446,7 @@ def test_zero3_model_states_equal_deepspeeds_estimator_but_two_named_terms(prese
     r = fit.will_it_fit(
         preset, seq=128, precision="bf16-master-fp32-grads", sharding="zero3", n_gpus=gpus
     )
-    n, block_n = fit._counts(cfg)
+    n, block_n = (fit.shapes.counts(cfg).total, fit.shapes.counts(cfg).block)
     unit = max(n - cfg.n_layers * block_n, block_n)
     deepspeed = _deepspeed_zero3(n, _largest_module(cfg), gpus)
     named = 2 * n // gpus + 4 * (unit - _largest_module(cfg))

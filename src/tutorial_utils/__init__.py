@@ -16,18 +16,19 @@ Each module has one job:
 * ``models``: the small seeded demo models the notebooks share
 * ``decoder``: the course's GPT-2 / Llama-style decoder, and real models' shapes (``PRESETS``)
 * ``formulas``: training memory by formula: parameters, bytes per parameter, activations
-* ``fit_inputs``: what people type into the calculator (model, recipe, GPU names), no torch
-* ``fit``: the "will it fit" calculator: one GPU's peak training memory for a decoder preset
-* ``fit_advice``: the smallest changes that make it fit, or why none of a kind can
+* ``fit``: the "will it fit" calculator, a file per job: one GPU's peak training memory for a
+  decoder preset or config.json, by profile (DDP, ZeRO, FSDP1/2, TP/PP/CP) and knob
+* ``fit_inputs``: the old import path of ``fit.inputs``, ``fit.presets``, ``fit.cards``
+* ``fit_advice``: the old import path of ``fit.advice``
+* ``calculator``: the old import path of ``fit.widget`` (``Calculator()``, notebook 03 names it)
+* ``fit_cli``: the old import path of ``fit.cli`` (``python -m tutorial_utils fit``)
 * ``exercises``: checkers that tell a learner what is wrong (one module per notebook)
-* ``calculator``: that calculator as a widget (a knob per input, the bar redrawn per change)
 * ``listing``: the named functions of a script, shown instead of the whole file
 * ``recorded``: GPU results recorded on a real machine, shown beside their cells
 * ``recorded_cluster``: two-node Slurm runs recorded on the course's cluster, shown in 07
 * ``published``: GPU figures published by others, quoted with source, hardware and date
 * ``doctor``: the environment as a table, and ``--require`` for a workshop preflight
 * ``lab``: ``make lab``, JupyterLab on 127.0.0.1 with a private token
-* ``fit_cli``: ``python -m tutorial_utils fit``, the calculator's command line
 * ``course``: facts about the course kept in one place (the repository address)
 * ``units``: byte counts in binary units (KiB, MiB, GiB)
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "doctor":
         from .doctor import main as run
     elif argv[0] == "fit":
-        from .fit_cli import main as run
+        from .fit.cli import main as run
     else:
         from .lab import main as run
     return run(argv[1:])

@@ -45,6 +45,8 @@ class DecoderConfig:
     tied: bool = True  # the output head shares the embedding's weight
     max_positions: int = 1024  # learned position embeddings (GPT-2); 0 for none (Llama: RoPE)
     attention: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "explicit"
+    d_head: int | None = None  # each head's width; None: d_model // n_heads (Gemma: 256)
+    qkv_bias: bool = False  # biases on q, k and v even when ``bias`` is False (Qwen2)
 
     def __post_init__(self) -> None:
         # The smallest each size may be: no layers is an embedding alone (fit.py counts the
@@ -59,7 +61,13 @@ class DecoderConfig:
                 raise ValueError(
                     f"DecoderConfig.{name} must be a whole number >= {low}, not {value!r}"
                 )
-        if self.n_heads < 1 or self.d_model % self.n_heads:
+        if self.d_head is not None and (
+            not isinstance(self.d_head, int) or isinstance(self.d_head, bool) or self.d_head < 1
+        ):
+            raise ValueError(
+                f"DecoderConfig.d_head must be a whole number >= 1, not {self.d_head!r}"
+            )
+        if self.d_head is None and (self.n_heads < 1 or self.d_model % self.n_heads):
             raise ValueError(
                 f"d_model ({self.d_model}) must be a multiple of n_heads ({self.n_heads}): "
                 "each head gets d_model / n_heads dimensions"
@@ -82,7 +90,12 @@ class DecoderConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """The width of the queries (and of attention's output): d_model unless ``d_head``."""
+        return self.n_heads * self.head_dim
 
     @property
     def ff(self) -> int:
@@ -137,13 +150,13 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         kv = cfg.kv_heads * cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.qkv = nn.Linear(cfg.d_model, cfg.q_dim + 2 * kv, bias=cfg.bias or cfg.qkv_bias)
+        self.proj = nn.Linear(cfg.q_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, h) -> (B, T, h)
         cfg = self.cfg
-        B, T, h = x.shape
-        kv = cfg.kv_heads * cfg.head_dim
+        B, T, _ = x.shape
+        kv, h = cfg.kv_heads * cfg.head_dim, cfg.q_dim
         q, k, v = self.qkv(x).split([h, kv, kv], dim=-1)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, a, T, hd)
         k = k.view(B, T, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, a_kv, T, hd)

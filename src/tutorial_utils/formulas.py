@@ -81,8 +81,9 @@ def decoder_parameters(cfg: DecoderConfig) -> int:
     if not isinstance(cfg, DecoderConfig):
         raise TypeError(f"cfg must be a decoder.DecoderConfig, not {type(cfg).__name__}")
     h, f, kv = cfg.d_model, cfg.ff, cfg.kv_heads * cfg.head_dim
-    bias = int(cfg.bias)
-    attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
+    bias, q = int(cfg.bias), cfg.q_dim  # q: d_model unless the config sets d_head (Gemma)
+    qkv_bias = int(cfg.bias or cfg.qkv_bias)  # Qwen2: q, k and v only
+    attention = h * (q + 2 * kv) + qkv_bias * (q + 2 * kv) + q * h + bias * h
     n_matrices = 3 if cfg.mlp == "swiglu" else 2
     mlp = n_matrices * h * f + bias * ((n_matrices - 1) * f + h)
     layer = attention + mlp + 2 * _norm_weights(cfg)

@@ -1,0 +1,98 @@
+"""Will it fit? One GPU's memory at the peak of a training step, and what to change if not.
+
+A file per job, read from the bottom up (each imports only those above it in this list):
+
+- ``inputs``: the names people type for the knobs (``bf16``, ``adam``, ``selective``), no torch
+- ``presets``: models by name (with each shape's config.json source) or by config.json, no torch
+- ``cards``: GPU cards as programs see them, and sizes (``24GB``), no torch
+- ``headroom``: the CUDA context and the allocator's reserve, each with its source
+- ``shapes``: the model's ``DecoderConfig`` and its parameter counts (meta, cached)
+- ``states``: weights, gradients, master weights, optimizer state (8-bit, LoRA, QLoRA)
+- ``activations``: one block and the head on fake tensors (checkpointing, LoRA, chunked loss)
+- ``temporaries``: what the optimizer step allocates (foreach, fused, for-loop)
+- ``profiles``: one GPU's share: DDP, ZeRO-1/2/3, FSDP1, FSDP2, and TP/PP/CP degrees
+- ``report``: ``FitReport``, the answer: categories, verdict, bar
+- ``peak``: ``will_it_fit``: the moments of a step and the peak
+- ``advice``: the smallest changes that make it fit, each with its cost
+- ``cli``: ``python -m tutorial_utils fit``; ``widget``: ``Calculator()``
+
+``from tutorial_utils import fit; fit.will_it_fit("llama-3.1-8b", gpu="H100")``. The names
+below load on first use, so ``fit.inputs`` (and ``--help``) never import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "CATEGORIES",
+    "CHECKPOINTING",
+    "GPUS",
+    "OPTIMIZERS",
+    "OPTIMIZER_IMPLS",
+    "PRECISIONS",
+    "SHARDED_BY_STAGE",
+    "SHARDING",
+    "FitReport",
+    "advise",
+    "shard_model_states",
+    "text_form",
+    "will_it_fit",
+]
+
+#: public name -> the module of this package that defines it
+_WHERE = {
+    "CATEGORIES": "report",
+    "FitReport": "report",
+    "will_it_fit": "peak",
+    "ABSURD_BYTES": "peak",
+    "SHARDED_BY_STAGE": "profiles",
+    "shard_model_states": "profiles",
+    "GPUS": "cards",
+    "GB": "cards",
+    "GiB": "cards",
+    "Gpu": "cards",
+    "HEADROOM": "headroom",
+    "STATES": "states",
+    "OPTIMIZERS": "inputs",
+    "OPTIMIZER_IMPLS": "inputs",
+    "SHARDING": "inputs",
+    "advise": "advice",
+}
+
+
+_MODULES = (
+    "inputs",
+    "presets",
+    "cards",
+    "headroom",
+    "shapes",
+    "states",
+    "activations",
+    "temporaries",
+    "profiles",
+    "report",
+    "peak",
+    "advice",
+    "cli",
+    "widget",
+)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    if name == "PRECISIONS":
+        return tuple(importlib.import_module(".inputs", __name__).RECIPES)
+    if name == "CHECKPOINTING":
+        return tuple(importlib.import_module(".inputs", __name__).CHECKPOINTING)
+    if name == "text_form":
+        return _text_form
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _text_form(**knobs) -> str:
+    """The calculator for a terminal or CI: ``python -m tutorial_utils fit llama-3-8b ...``."""
+    return repr(__getattr__("will_it_fit")(**knobs))

@@ -1,0 +1,403 @@
+"""The moments of a training step and its peak: will it fit?
+
+One job: for a model's shape, a batch, a sequence length and the knobs (precision, optimizer
+and its implementation, checkpointing, a profile over some GPUs, LoRA, ...), the bytes one GPU
+holds at each moment of the step, and the largest of them, the peak, with the headroom a real
+process needs beside its tensors, against a card. The terms come from the modules below it:
+states (model states), profiles (one GPU's share), activations (fake tensors),
+temporaries (the optimizer step) and headroom.
+
+**Peak, not sum.** The step's peak is the largest of four moments:
+
+- the end of the forward pass: every block's activations and the loss's;
+- the start of backward: those, the head's gradient buffers and its weight gradients;
+- the end of backward: every weight gradient, the first block's activations and its buffers;
+- the optimizer step: every gradient, and the step's temporaries (temporaries).
+
+Activations are freed as gradients appear, so the two never peak together; measured peaks
+(torchtitan's) show the same. With gradient accumulation the gradients of the earlier
+micro-batches are held through the later forwards; with the optimizer step in backward
+(notebook 03, section 7) each gradient is freed as soon as its parameter steps.
+
+The answer is for **eager mode**: torch.compile and Float8 change what is saved, and published
+runs with them land in a band below it (report.COMPILE_BAND), shown, not modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import torch
+
+from .. import formulas
+from ..decoder import DecoderConfig
+from ..units import format_bytes
+from . import cards, inputs
+from .activations import activations, same_module, stream_dtype
+from .headroom import HEADROOM
+from .profiles import Mesh, spread
+from .report import FitReport
+from .shapes import config, counts
+from .states import Lora, model_states
+from .temporaries import step_temporaries
+
+__all__ = ["ABSURD_BYTES", "will_it_fit"]
+
+#: A step asking for more than this on one GPU is beyond any GPU: refused in one sentence.
+ABSURD_BYTES = 2**50  # 1 PiB
+
+
+def _formula_total(
+    cfg: DecoderConfig, n: int, batch: int, seq: int, precision: str, states: int, ckpt: str
+) -> int | None:
+    """The total by formula alone, as the Playbook's widget sums it: the model states, the
+    block formula times the layers (or each block's input under full checkpointing), the
+    logits (16-bit and their fp32 upcast) and under autocast 2 bytes per parameter for its
+    cached 16-bit weight copies. None for the matmul policies (no closed form)."""
+    if ckpt not in ("none", "full"):
+        return None
+    e = (
+        4
+        if stream_dtype(precision) == torch.float32 and not precision.startswith("autocast")
+        else 2
+    )
+    plain = dataclasses.replace(cfg, attention="sdpa")
+    layer = formulas.block_activation_bytes(plain, batch, seq, e)
+    if ckpt == "full":
+        acts = cfg.n_layers * batch * seq * cfg.d_model * e + layer
+    else:
+        acts = cfg.n_layers * layer
+    logits = (e + 4) * seq * batch * cfg.vocab
+    copies = 2 * n if precision.startswith("autocast") else 0
+    return int(states + acts + logits + copies)
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def will_it_fit(
+    preset: str | dict | DecoderConfig = "llama-1b",
+    batch: int = 1,
+    seq: int = 2048,
+    precision: str = "autocast-bf16",
+    optimizer: str = "adamw",
+    checkpointing: str = "none",
+    sharding: str = "none",
+    n_gpus: int = 1,
+    *,
+    gpu: str | int | cards.Gpu | None = None,
+    headroom: bool = True,
+    optimizer_impl: str = "foreach",
+    lora_rank: int = 0,
+    lora_targets: str = "attention",
+    lora_base: str = "bf16",
+    ce_chunks: int = 1,
+    activation_offload: bool = False,
+    cpu_offload: bool = False,
+    optimizer_in_backward: bool = False,
+    grad_accumulation: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    pp_microbatches: int = 0,
+    reshard_after_forward: bool = True,
+    reduce_dtype: str = "param",
+) -> FitReport:
+    """One GPU's training memory at the step's peak (see the module's docstring for how).
+
+    ``preset``: a name people use (``"Llama-3.1-8B"``, ``"mistral-7b"``; ``presets.PRESETS``),
+    the fields of a config.json (``presets.from_config_json``) or a ``DecoderConfig``.
+    ``precision``, ``optimizer``, ``checkpointing`` and ``sharding`` take the names
+    ``inputs`` reads (``"bf16"``, ``"adam"``, ``"selective"``, ``"fsdp2"``). ``gpu``: a card
+    (``"RTX 4090"``) or a size (``"24GB"``) for the verdict. ``headroom=False`` leaves out the
+    CUDA context and the allocator's reserve. The keyword knobs: ``optimizer_impl`` (foreach,
+    torch's default on CUDA; fused; forloop), ``lora_rank`` (0: full training),
+    ``lora_targets``, ``lora_base`` ("bf16" or "nf4": QLoRA), ``ce_chunks``,
+    ``activation_offload``, ``cpu_offload`` (sharded states on the CPU: ZeRO-3/FSDP only),
+    ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per step), ``tp``,
+    ``pp``, ``cp``, ``pp_microbatches`` and FSDP2's ``reshard_after_forward`` and
+    ``reduce_dtype`` ("param" or "fp32").
+    """
+    start = time.perf_counter()
+    label, cfg = config(preset)
+    precision = inputs.recipe(precision)
+    optimizer = inputs.optimizer(optimizer)
+    optimizer_impl = inputs.optimizer_impl(optimizer_impl)
+    checkpointing = inputs.checkpointing(checkpointing)
+    sharding = inputs.sharding(sharding)
+    batch = inputs.positive_int("batch", batch)
+    seq = inputs.positive_int("seq", seq)
+    n_gpus = inputs.positive_int("n_gpus", n_gpus, largest=2**20)
+    tp, pp, cp = (inputs.positive_int(n, v, 2**12) for n, v in (("tp", tp), ("pp", pp), ("cp", cp)))
+    ce_chunks = inputs.positive_int("ce_chunks", ce_chunks, 2**12)
+    grad_accumulation = inputs.positive_int("grad_accumulation", grad_accumulation)
+    _flag("headroom", headroom)
+    for name, value in (
+        ("activation_offload", activation_offload),
+        ("cpu_offload", cpu_offload),
+        ("optimizer_in_backward", optimizer_in_backward),
+        ("reshard_after_forward", reshard_after_forward),
+    ):
+        _flag(name, value)
+    if reduce_dtype not in ("param", "fp32"):
+        raise ValueError(f"reduce_dtype must be 'param' or 'fp32', not {reduce_dtype!r}")
+    if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 0:
+        raise ValueError(f"lora_rank must be a whole number >= 0 (0: no LoRA), not {lora_rank!r}")
+    if lora_base not in ("bf16", "nf4"):
+        raise ValueError(f"lora_base must be 'bf16' or 'nf4' (QLoRA), not {lora_base!r}")
+    lora = Lora(lora_rank, inputs.lora_targets(lora_targets), lora_base) if lora_rank else None
+    card = gpu if isinstance(gpu, cards.Gpu) or gpu is None else cards.gpu(gpu)
+    if cfg.max_positions and seq > cfg.max_positions:
+        raise ValueError(
+            f"{label} has {cfg.max_positions} learned positions; choose seq <= {cfg.max_positions}"
+        )
+    mesh = Mesh(tp, pp, cp, pp_microbatches)
+    if n_gpus % (tp * pp * cp):
+        raise ValueError(
+            f"{n_gpus} GPUs do not split into tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}: "
+            "give a number of GPUs that is a multiple of their product"
+        )
+    dp = mesh.dp(n_gpus)
+    if sharding != "none" and dp * cp == 1:
+        raise ValueError(
+            f"{sharding} shards over several GPUs and does nothing on one: choose sharding "
+            "'none', or 2 GPUs or more"
+        )
+    if cpu_offload and sharding not in ("zero3", "fsdp1", "fsdp1-grad-op", "fsdp2"):
+        raise ValueError("cpu_offload keeps the sharded states on the CPU: choose zero3 or fsdp")
+    if optimizer_in_backward and grad_accumulation > 1:
+        raise ValueError(
+            "the optimizer step in backward frees each gradient at once, so it cannot "
+            "accumulate gradients: choose one of optimizer_in_backward and grad_accumulation"
+        )
+    if pp > 1 and pp > cfg.n_layers:
+        raise ValueError(f"{label} has {cfg.n_layers} layers: choose pp <= {cfg.n_layers}")
+    if seq % cp:
+        raise ValueError(f"context parallelism splits the sequence: make seq a multiple of cp {cp}")
+    local_seq = seq // cp
+    c = counts(cfg)
+    plain = dataclasses.replace(cfg, attention="sdpa")
+    rough = cfg.n_layers * formulas.block_activation_bytes(plain, batch, local_seq, 2)
+    rough += 6 * batch * local_seq * cfg.vocab
+    if rough > ABSURD_BYTES:
+        raise ValueError(
+            f"batch {batch:,} x seq {seq:,} needs about {format_bytes(rough)} of activations "
+            "on each GPU, more than any GPU has: choose a smaller batch or sequence"
+        )
+    whole = model_states(cfg, precision, optimizer, lora)
+    per = formulas.BYTES_PER_PARAMETER[precision]
+    share = spread(
+        whole.bytes,
+        c,
+        per["weights"],
+        per["weights"],
+        sharding,
+        n_gpus,
+        mesh,
+        reshard_after_forward=reshard_after_forward,
+        reduce_fp32=reduce_dtype == "fp32",
+        trainable_fraction=whole.n_trainable / c.total,
+    )
+    states = dict(share.states)
+    ranks = (
+        dp * cp if sharding in ("zero1", "zero2", "zero3", "fsdp1", "fsdp1-grad-op", "fsdp2") else 1
+    )
+    local = [max(1, math.ceil(n * share.fraction / ranks)) for n in whole.trainable]
+    on_cpu = {}
+    if cpu_offload:  # the shards live on the CPU; the optimizer steps there
+        on_cpu = {k: states[k] for k in states}
+        states = dict.fromkeys(states, 0)
+    block, head = activations(
+        cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks
+    )
+    layers = math.ceil(cfg.n_layers / pp)
+    in_flight = min(pp, pp_microbatches or pp) if pp > 1 else 1
+    block_held, head_held = block.held // tp, head.held // tp  # SP: every activation sharded
+    if activation_offload:  # one block's on the GPU at a time; the rest in pinned CPU memory
+        forward_acts = block_held + head_held
+    else:
+        forward_acts = in_flight * layers * block_held + head_held
+    grads_share = states["gradients"]
+    held_grads = grads_share if grad_accumulation > 1 else 0  # the earlier micro-batches'
+    # At the start of backward the head's weight gradients exist in full (under ZeRO-3 they are
+    # in the gathered unit). The head pass's include the embedding's, which a real step makes
+    # last: counted early, a small overstatement.
+    head_grads = 0 if share.gathered or cpu_offload else head.grads // tp
+    state_bytes = formulas.STATE_ELEMENT_BYTES[precision]
+    if optimizer_in_backward:  # each parameter steps as its gradient is made, then frees it
+        largest = max(local)
+        end_grads = per["gradients"] * largest
+        temps = step_temporaries([largest], optimizer, optimizer_impl, state_bytes)
+    else:
+        end_grads = grads_share
+        temps = step_temporaries(local, optimizer, optimizer_impl, state_bytes)
+    if cpu_offload:
+        temps = 0
+    moments = {
+        # (activations, transient, weight gradients, step temporaries) at each moment
+        "end of forward": (forward_acts, head.forward_over // tp, held_grads, 0),
+        "start of backward": (
+            forward_acts,
+            head.backward_over // tp,
+            held_grads or head_grads,
+            0,
+        ),
+        "end of backward": (
+            block_held,
+            block.backward_over // tp,
+            end_grads,
+            temps if optimizer_in_backward else 0,
+        ),
+    }
+    if not optimizer_in_backward:
+        moments["optimizer step"] = (0, 0, grads_share, temps)
+    fixed = states["weights"] + states["master weights"] + states["optimizer state"]
+    fixed += share.buckets
+    computing = share.gathered + share.kept_gathered
+    peaks = {
+        name: fixed + sum(parts) + (computing if name != "optimizer step" else 0)
+        for name, parts in moments.items()
+    }
+    at = max(peaks, key=peaks.__getitem__)
+    acts, transient, grads_now, temps_now = moments[at]
+    categories = {
+        "weights": states["weights"],
+        "gradients": grads_now,
+        "master weights": states["master weights"],
+        "optimizer state": states["optimizer state"],
+        "DDP buckets": share.buckets,
+        "gathered unit": computing if at != "optimizer step" else 0,
+        "activations": acts,
+        "transient": transient,
+        "step temporaries": temps_now,
+    }
+    peak = sum(categories.values())
+    kept = {t.name: t.bytes_for(peak) for t in HEADROOM} if headroom else {}
+    formula = _formula_total(
+        cfg,
+        c.total,
+        batch,
+        seq,
+        precision,
+        sum(states.values()) + share.gathered + share.buckets,
+        checkpointing,
+    )
+    extras = _extras(
+        optimizer_impl=optimizer_impl,
+        lora=lora,
+        ce_chunks=ce_chunks,
+        activation_offload=activation_offload,
+        cpu_offload=cpu_offload,
+        optimizer_in_backward=optimizer_in_backward,
+        grad_accumulation=grad_accumulation,
+        mesh=mesh,
+        reshard_after_forward=reshard_after_forward,
+        reduce_dtype=reduce_dtype,
+    )
+    notes = _notes(optimizer, on_cpu, sharding)
+    return FitReport(
+        label,
+        batch,
+        seq,
+        precision,
+        optimizer,
+        checkpointing,
+        sharding,
+        n_gpus,
+        c.total,
+        categories,
+        states,
+        peaks,
+        kept,
+        share.unit,
+        formula,
+        card,
+        seconds=time.perf_counter() - start,
+        extras=extras,
+        notes=notes,
+        unit_bytes=computing,
+        arguments=dict(
+            preset=cfg if label == "custom decoder" else label,
+            batch=batch,
+            seq=seq,
+            precision=precision,
+            optimizer=optimizer,
+            checkpointing=checkpointing,
+            sharding=sharding,
+            n_gpus=n_gpus,
+            gpu=card,
+            headroom=headroom,
+            optimizer_impl=optimizer_impl,
+            lora_rank=lora_rank,
+            lora_targets=lora_targets,
+            lora_base=lora_base,
+            ce_chunks=ce_chunks,
+            activation_offload=activation_offload,
+            cpu_offload=cpu_offload,
+            optimizer_in_backward=optimizer_in_backward,
+            grad_accumulation=grad_accumulation,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            pp_microbatches=pp_microbatches,
+            reshard_after_forward=reshard_after_forward,
+            reduce_dtype=reduce_dtype,
+        ),
+    )
+
+
+def _extras(
+    *,
+    optimizer_impl,
+    lora,
+    ce_chunks,
+    activation_offload,
+    cpu_offload,
+    optimizer_in_backward,
+    grad_accumulation,
+    mesh,
+    reshard_after_forward,
+    reduce_dtype,
+) -> tuple[str, ...]:
+    """The knobs away from their defaults, in words (the default answer's text is unchanged)."""
+    said = []
+    if optimizer_impl != "foreach":
+        said.append(f"{optimizer_impl} step")
+    if lora is not None:
+        base = "QLoRA (NF4 base)" if lora.base == "nf4" else "LoRA"
+        said.append(f"{base} rank {lora.rank} on {lora.targets}")
+    if ce_chunks > 1:
+        said.append(f"cross-entropy in {ce_chunks} chunks")
+    if activation_offload:
+        said.append("activations offloaded")
+    if cpu_offload:
+        said.append("states offloaded to the CPU")
+    if optimizer_in_backward:
+        said.append("optimizer step in backward")
+    if grad_accumulation > 1:
+        said.append(f"{grad_accumulation} micro-batches accumulated")
+    for name in ("tp", "pp", "cp"):
+        if getattr(mesh, name) > 1:
+            said.append(f"{name.upper()} {getattr(mesh, name)}")
+    if not reshard_after_forward:
+        said.append("reshard_after_forward=False")
+    if reduce_dtype == "fp32":
+        said.append("fp32 gradient reduction")
+    return tuple(said)
+
+
+def _notes(optimizer: str, on_cpu: dict, sharding: str) -> tuple[str, ...]:
+    notes = ["eager mode: torch.compile and Float8 change what is saved (a band, not modelled)"]
+    if optimizer == "paged-adamw8bit":
+        notes.append(
+            "paged 8-bit AdamW keeps its state in CUDA unified memory, outside PyTorch's "
+            "allocator: not in this peak, and paged to the CPU when the GPU runs short"
+        )
+    if on_cpu:
+        notes.append(f"on the CPU (offloaded): {format_bytes(sum(on_cpu.values()))} of states")
+    return tuple(notes)

@@ -1,0 +1,140 @@
+"""Profiles: what each way of spreading a step over GPUs keeps on one of them.
+
+One job: from the whole model's states (``states``) and counts (``shapes``), one GPU's share
+and what the profile adds at its compute moments, for
+
+- **DDP** (``none`` over several GPUs): everything on every GPU, plus DDP's gradient buckets,
+  which equal the gradients unless ``gradient_as_bucket_view=True`` (DDP's docstring).
+- **ZeRO-1/2/3** (Rajbhandari et al., 2020): stage 1 divides the optimizer state and the fp32
+  master weights, 2 also the gradients, 3 also the weights, over the data-parallel GPUs.
+  ZeRO-3 gathers one unit at a time, its weights and their unsharded gradients; the wrapping
+  is torchtitan's (``fully_shard`` on each block, then on the root: embedding, final norm and
+  head), so the largest unit is the root for Llama 8B and a block for GPT-2. ``fsdp`` has
+  always meant this here.
+- **FSDP2** (``fully_shard``, per-parameter DTensor shards): ZeRO-3's states and units, plus
+  ``reshard_after_forward=False`` (every block's gathered weights kept from forward to
+  backward, in storage of their own beside the shards) and
+  ``MixedPrecisionPolicy(reduce_dtype=float32)`` over 16-bit parameters (each unit's gradients
+  cast to fp32 before the reduce-scatter: 4 more bytes per unit parameter).
+  ``tests/test_fit_profiles.py`` holds DDP, ZeRO-1 and FSDP2 to what 2 gloo ranks measure.
+- **FSDP1** (``FullyShardedDataParallel``, flat parameters): ``FULL_SHARD`` gathers the unit
+  and, with the default ``BackwardPrefetch.BACKWARD_PRE``, the next unit before this one's
+  gradients are computed: two units' weights and one unit's flat gradient at once.
+  ``SHARD_GRAD_OP`` keeps every unit gathered from forward to the end of backward.
+- **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
+  TP divides every block's and the embedding's and head's weights, and with SP every
+  activation, by its degree (notebook 10 measures the shares to the byte); PP keeps L/pp
+  blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
+  min(pp, micro-batches) micro-batches in flight on the first stage (notebook 08); CP divides
+  the sequence. The data-parallel degree is what is left: gpus / (tp x pp x cp), and the
+  FSDP/ZeRO profiles shard over data x context ranks, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .shapes import Counts
+
+__all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread"]
+
+#: What each profile divides by the number of data-parallel GPUs.
+SHARDED_BY_STAGE: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "zero1": ("master weights", "optimizer state"),
+    "zero2": ("master weights", "optimizer state", "gradients"),
+    "zero3": ("master weights", "optimizer state", "gradients", "weights"),
+    "fsdp1": ("master weights", "optimizer state", "gradients", "weights"),
+    "fsdp1-grad-op": ("master weights", "optimizer state", "gradients", "weights"),
+    "fsdp2": ("master weights", "optimizer state", "gradients", "weights"),
+}
+
+
+def shard_model_states(states: dict[str, int], sharding: str, n_gpus: int) -> dict[str, int]:
+    """One GPU's share of the model states: the categories ``sharding`` divides, over ``n_gpus``.
+
+    ``states`` holds the unsharded bytes by category (``weights``, ``gradients``, ``master
+    weights``, ``optimizer state``); the others pass through whole.
+
+    >>> shard_model_states({"weights": 8, "gradients": 8, "optimizer state": 16}, "zero2", 2)
+    {'weights': 8, 'gradients': 4, 'optimizer state': 8}
+    """
+    if sharding not in SHARDED_BY_STAGE:
+        raise ValueError(f"sharding must be one of {tuple(SHARDED_BY_STAGE)}, not {sharding!r}")
+    if not isinstance(n_gpus, int) or isinstance(n_gpus, bool) or n_gpus < 1:
+        raise ValueError(f"n_gpus must be a whole number >= 1, not {n_gpus!r}")
+    divided = SHARDED_BY_STAGE[sharding]
+    return {k: v // n_gpus if k in divided else v for k, v in states.items()}
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The degrees of a device mesh; ``dp`` is what is left of the GPUs."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    microbatches: int = 0  # PP's micro-batches per step (0: as many as stages)
+
+    def dp(self, n_gpus: int) -> int:
+        return n_gpus // (self.tp * self.pp * self.cp)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One GPU's share under a profile and mesh."""
+
+    states: dict[str, int]  # this GPU's model states, by category
+    fraction: float  # the share of the model's parameters this GPU's stage and TP rank hold
+    gathered: int  # bytes a unit adds while it is computed (ZeRO-3/FSDP), 0 otherwise
+    kept_gathered: int  # bytes of gathered weights kept from forward to backward
+    buckets: int  # DDP's gradient buckets
+    unit: str  # what the largest unit is, said in words
+    unit_weights: int = 0  # of ``gathered``: the unit's gathered weights alone
+
+
+def spread(
+    whole: dict[str, int],
+    c: Counts,
+    weight_bytes: int,
+    grad_bytes: int,
+    sharding: str,
+    n_gpus: int,
+    mesh: Mesh,
+    *,
+    reshard_after_forward: bool = True,
+    reduce_fp32: bool = False,
+    trainable_fraction: float = 1.0,
+) -> Spread:
+    """One GPU's share (see the module's docstring). ``trainable_fraction``: the share of the
+    parameters that have gradients (LoRA: only the adapters)."""
+    blocks = c.n_layers * c.block
+    if mesh.pp > 1:
+        stage_n = blocks / mesh.pp + max(c.root_tensors)
+    else:
+        stage_n = blocks + c.root
+    fraction = stage_n / c.total / mesh.tp
+    local = {k: int(v * fraction) for k, v in whole.items()}
+    ranks = mesh.dp(n_gpus) * mesh.cp  # FSDP shards over data x context ranks
+    shared = shard_model_states(local, sharding, ranks) if ranks > 1 else local
+    buckets = shared["gradients"] if sharding == "none" and mesh.dp(n_gpus) > 1 else 0
+    if sharding not in ("zero3", "fsdp1", "fsdp1-grad-op", "fsdp2") or ranks == 1:
+        return Spread(shared, fraction, 0, 0, buckets, "")
+    unit_n, name = max(
+        (c.root, "the root (embedding, final norm, output head)"), (c.block, "one block")
+    )
+    unit_n = unit_n // mesh.tp
+    words = f"{name}, {unit_n / 1e6:,.0f} M parameters"
+    grads = int(grad_bytes * unit_n * trainable_fraction)
+    w = weight_bytes * unit_n
+    # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
+    every_unit = int(weight_bytes * stage_n / mesh.tp)
+    if sharding == "fsdp1":  # this unit and the next, prefetched, and this unit's gradient
+        words += " (and the next, prefetched)"
+        return Spread(shared, fraction, 2 * w + grads, 0, 0, words, 2 * w)
+    if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
+        return Spread(shared, fraction, grads, every_unit, 0, "every unit, kept gathered", w)
+    extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
+    if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
+        return Spread(shared, fraction, grads + extra, every_unit, 0, words, w)
+    return Spread(shared, fraction, w + grads + extra, 0, 0, words, w)

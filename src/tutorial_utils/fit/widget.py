@@ -1,0 +1,277 @@
+"""The "will it fit" calculator as a widget: change a knob, and the bar, verdict and advice follow.
+
+``fit.will_it_fit`` does the work (and caches what does not change), ``fit_advice.advise``
+finds what to change; this module only draws them. In a notebook:
+
+    from tutorial_utils.calculator import Calculator
+    Calculator(preset="llama-3-8b", gpu="H100")   # the knobs, a stacked bar, the verdict
+
+``Calculator.set(batch=4)`` turns knobs from code (what a test does), with the names people
+type (``precision="bf16"``, ``optimizer="adam"``). A value a slider cannot show widens the
+slider, never clamps silently; a value or combination the calculator refuses is said in the
+summary (``.error``), and ``.report`` is then None: an old answer is never shown as the new
+one. ``.picture.value`` is the bar as PNG bytes, ``.updates`` the seconds each update took.
+Without ipywidgets, building one says what to use instead.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+
+from ..units import format_bytes
+from . import advice as fit_advice
+from . import cards, inputs, presets
+from . import report as fit_report
+from .peak import will_it_fit
+
+PRESETS = presets.PRESETS
+
+__all__ = ["SEQ_CHOICES", "Calculator"]
+
+SEQ_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
+_NO_GPU = "(any: list the cards it fits)"
+_DEFAULTS = {
+    "preset": "llama-8b",
+    "batch": 1,
+    "seq": 2048,
+    "precision": "bf16-master",
+    "optimizer": "adamw",
+    "checkpointing": "every-second-matmul",
+    "sharding": "zero3",
+    "n_gpus": 8,
+    "gpu": "H100",
+    "headroom": True,
+    "optimizer_impl": "foreach",
+    "lora_rank": 0,
+    "grad_accumulation": 1,
+    "tp": 1,
+}
+LORA_RANKS = (0, 8, 16, 32, 64)  # 0: full training
+TP_DEGREES = (1, 2, 4, 8)
+#: How each knob's value is read from what a person types (one sentence when it cannot be).
+_READ = {
+    "preset": presets.model,
+    "precision": inputs.recipe,
+    "optimizer": inputs.optimizer,
+    "checkpointing": inputs.checkpointing,
+    "sharding": inputs.sharding,
+    "batch": lambda v: inputs.positive_int("batch", v),
+    "seq": lambda v: inputs.positive_int("seq", v),
+    "n_gpus": lambda v: inputs.positive_int("n_gpus", v, largest=2**20),
+    "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else cards.gpu(v).name,
+    "headroom": lambda v: _boolean(v),
+    "optimizer_impl": inputs.optimizer_impl,
+    "lora_rank": lambda v: 0 if v == 0 else inputs.positive_int("lora_rank", v, 2**16),
+    "grad_accumulation": lambda v: inputs.positive_int("grad_accumulation", v, 2**20),
+    "tp": lambda v: inputs.positive_int("tp", v, 2**12),
+}
+
+
+def _boolean(value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"headroom must be True or False, not {value!r}")
+    return value
+
+
+def _widgets():
+    try:
+        import ipywidgets
+    except ImportError:
+        raise ModuleNotFoundError(
+            "ipywidgets is not installed: use fit.will_it_fit(...) or "
+            "`python -m tutorial_utils fit MODEL` instead, or pip install ipywidgets."
+        ) from None
+    return ipywidgets
+
+
+def _png(report: fit_report.FitReport) -> bytes:
+    """The report's bar as PNG bytes (matplotlib's Agg canvas; no pyplot state is touched)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 2.8), dpi=100)
+    report.plot(figure.subplots())
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+class Calculator:
+    """Knobs for every input of ``fit.will_it_fit``, one stacked bar, a verdict and advice."""
+
+    def __init__(self, **knobs) -> None:
+        unknown = set(knobs) - set(_DEFAULTS)
+        if unknown:
+            raise TypeError(
+                f"Calculator has no knob {', '.join(sorted(unknown))}; "
+                f"it has: {', '.join(_DEFAULTS)}."
+            )
+        values = self._read({**_DEFAULTS, **knobs})
+        will_it_fit(**self._fit_args(values))  # a refused combination: its sentence, now
+        w = _widgets()
+        self.knobs = {
+            "preset": w.Dropdown(options=list(PRESETS), value=values["preset"]),
+            "batch": w.IntSlider(value=values["batch"], min=1, max=max(64, values["batch"])),
+            "seq": w.SelectionSlider(
+                options=sorted({*SEQ_CHOICES, values["seq"]}), value=values["seq"]
+            ),
+            "precision": w.Dropdown(options=tuple(inputs.RECIPES), value=values["precision"]),
+            "optimizer": w.Dropdown(options=inputs.OPTIMIZERS, value=values["optimizer"]),
+            "checkpointing": w.Dropdown(
+                options=tuple(inputs.CHECKPOINTING), value=values["checkpointing"]
+            ),
+            "sharding": w.Dropdown(options=inputs.SHARDING, value=values["sharding"]),
+            "n_gpus": w.IntSlider(value=values["n_gpus"], min=1, max=max(64, values["n_gpus"])),
+            "gpu": w.Dropdown(
+                options=list(dict.fromkeys([_NO_GPU, *cards.CARDS, values["gpu"]])),
+                value=values["gpu"],
+            ),
+            "headroom": w.Checkbox(value=values["headroom"]),
+            "optimizer_impl": w.Dropdown(
+                options=inputs.OPTIMIZER_IMPLS, value=values["optimizer_impl"]
+            ),
+            "lora_rank": w.Dropdown(
+                options=sorted({*LORA_RANKS, values["lora_rank"]}), value=values["lora_rank"]
+            ),
+            "grad_accumulation": w.IntSlider(
+                value=values["grad_accumulation"], min=1, max=max(64, values["grad_accumulation"])
+            ),
+            "tp": w.Dropdown(options=sorted({*TP_DEGREES, values["tp"]}), value=values["tp"]),
+        }
+        for name, knob in self.knobs.items():
+            knob.description = name
+            knob.style.description_width = "initial"  # "checkpointing" in full
+            knob.observe(self._on_change, names="value")
+        self.summary = w.HTML()
+        self.summary.add_class("tu-fit-summary")
+        # A PNG in an Image widget, not a figure shown in an Output widget: the picture is the
+        # widget's value, so it redraws the same in JupyterLab, Colab and a test kernel
+        self.picture = w.Image(format="png")
+        self.picture.add_class("tu-fit-picture")
+        knobs_list = list(self.knobs.values())
+        self.widget = w.VBox(
+            [
+                w.HBox(knobs_list[:4]),
+                w.HBox(knobs_list[4:8]),
+                w.HBox(knobs_list[8:11]),
+                w.HBox(knobs_list[11:]),
+                self.summary,
+                self.picture,
+            ]
+        )
+        self.report: fit_report.FitReport | None = None
+        self.advice: fit_advice.Advice | None = None
+        self.error: str | None = None
+        self.notes: list[str] = []  # what the last change did to a knob (a widened slider)
+        self.updates: list[float] = []
+        self._update()
+
+    @staticmethod
+    def _read(values: dict) -> dict:
+        return {name: _READ[name](value) for name, value in values.items()}
+
+    def _fit_args(self, values: dict) -> dict:
+        args = dict(values)
+        args["gpu"] = None if values["gpu"] == _NO_GPU else self._gpu(values["gpu"])
+        return args
+
+    @staticmethod
+    def _gpu(name: str) -> cards.Gpu:
+        return cards.gpu(name.removesuffix(" GPU") if name.endswith(" GPU") else name)
+
+    def values(self) -> dict:
+        """The knobs' current values."""
+        return {name: knob.value for name, knob in self.knobs.items()}
+
+    def set(self, **knobs) -> fit_report.FitReport | None:
+        """Turn knobs from code, as a learner would by hand; returns the new report, or None
+        when the calculator refuses the combination (``.error`` says why).
+
+        Values are read as ``fit_inputs`` reads them ("bf16", "adam", "Llama-3.1-8B"); one it
+        cannot read raises its one-sentence error and changes nothing. A batch, sequence or
+        GPU count beyond a slider widens the slider (said in ``.notes``), never clamps.
+        """
+        unknown = set(knobs) - set(self.knobs)
+        if unknown:
+            raise TypeError(f"Calculator has no knob {', '.join(sorted(unknown))}.")
+        values = self._read(knobs)  # raises before any knob moves
+        self.notes = []
+        self._holding = True  # one update for all the knobs, not one per knob
+        try:
+            for name, value in values.items():
+                self._widen(name, value)
+                self.knobs[name].value = value
+        finally:
+            self._holding = False
+        self._update()
+        return self.report
+
+    def _widen(self, name: str, value) -> None:
+        knob = self.knobs[name]
+        if name in ("batch", "n_gpus", "grad_accumulation") and value > knob.max:
+            knob.max = value
+            self.notes.append(f"the {name} slider now goes to {value:,}")
+        elif name in ("seq", "gpu", "lora_rank", "tp") and value not in knob.options:
+            knob.options = (
+                sorted({*knob.options, value})
+                if name != "gpu"
+                else [
+                    *knob.options,
+                    value,
+                ]
+            )
+            self.notes.append(f"{value} added to the {name} choices")
+
+    _holding = False
+
+    def _on_change(self, change) -> None:
+        if not self._holding:
+            self.notes = []
+            self._update()
+
+    def _update(self) -> None:
+        start = time.perf_counter()
+        # Cleared first: whatever happens below, the old answer is not shown as the new one;
+        # the page says it is updating, and the old bar goes, so a verdict and a bar shown
+        # together always belong to the same answer (the bar is drawn before the verdict)
+        self.report, self.advice, self.error = None, None, None
+        self.summary.value = "<i>updating...</i>"
+        self.picture.value = b""
+        try:
+            report = will_it_fit(**self._fit_args(self.values()))
+        except (TypeError, ValueError) as err:  # e.g. GPT-2 at 2048 tokens, ZeRO on one GPU
+            self.error = str(err)
+            self.summary.value = f"<b>Cannot answer:</b> {html.escape(self.error)}"
+            self.picture.value = b""
+            self.updates.append(time.perf_counter() - start)
+            return
+        self.report = report
+        lines = [f"<b>{html.escape(report.verdict)}</b>"]
+        if report.fits is False:
+            self.advice = fit_advice.advise(report)
+            lines.append("What would make it fit:")
+            lines.append(html.escape(repr(self.advice)).replace("\n", "<br>"))
+        if report.headroom:
+            kept = ", ".join(f"{k} {format_bytes(v)}" for k, v in report.headroom.items())
+            lines.append(f"Headroom kept: {html.escape(kept)} (sources: fit.headroom).")
+        if self.notes:
+            lines.append(f"<i>{html.escape('; '.join(self.notes))}.</i>")
+        self.picture.value = _png(report)
+        self.summary.value = "<br>".join(lines)
+        self.updates.append(time.perf_counter() - start)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        # The widget, with a sentence as its text form: a saved notebook shows that text until
+        # the cell runs (ipywidgets' own would be "VBox(children=(HBox(...": an object's repr).
+        bundle = dict(self.widget._repr_mimebundle_() or {})
+        state = self.error or (self.report.verdict if self.report else "no answer yet")
+        bundle["text/plain"] = f"Will-it-fit calculator: {state}. Run the cell to turn its knobs."
+        display(bundle, raw=True)
+
+    def __repr__(self) -> str:
+        state = self.error or (self.report.verdict if self.report else "no answer yet")
+        knobs = ", ".join(f"{k}={v!r}" for k, v in self.values().items())
+        return f"Calculator({knobs}): {state}"

@@ -1,0 +1,87 @@
+"""The profiles against 2 gloo ranks: what each rank holds under DDP, ZeRO-1 and FSDP2.
+
+Notebook 09's ``zero_stages.py`` trains 3 x Linear(256, 256) with Adam five ways on 2 CPU
+ranks and counts, on each rank, the bytes of its parameters, gradients and optimizer state
+(its own shards only) and the gathered parameters FSDP2 holds as each layer starts its forward
+and between forward and backward. The calculator's ``profiles.spread`` is asked the same
+question for the same shape (a ``Counts`` of three one-linear blocks) and must give the same
+bytes. Adam's 0-d ``step`` counters (4 bytes per tensor) are on the CPU here and stay on the
+CPU on a GPU, so the calculator leaves them out: they are taken off the measurement. One
+torchrun launch of 2 ranks (about 30 s): marked slow, as ``tests/test_sharding_scripts.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tutorial_utils.distributed import launch
+from tutorial_utils.fit.profiles import Mesh, spread
+from tutorial_utils.fit.shapes import Counts
+from tutorial_utils.fit.states import model_states  # noqa: F401  (the terms it composes)
+
+SCRIPT = Path(__file__).resolve().parent.parent / "notebooks" / "scripts" / "zero_stages.py"
+LAYER = 256 * 256 + 256
+PSI, TENSORS, STEPS_BYTES = 3 * LAYER, 6, 4 * 6
+MLP = Counts(PSI, LAYER, 256 * 256, (256 * 256, 256), (), 3)
+WHOLE_FP32 = {"weights": 4 * PSI, "gradients": 4 * PSI, "master weights": 0}
+WHOLE_FP32["optimizer state"] = 8 * PSI
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    result = launch(SCRIPT, nproc=2, timeout=300, echo=None)
+    return {rank: rep["results"] for rank, rep in result.reports.items()}
+
+
+def _spread(sharding: str, weight_bytes: int = 4, **kw):
+    return spread(WHOLE_FP32, MLP, weight_bytes, weight_bytes, sharding, 2, Mesh(), **kw)
+
+
+def _states(run: dict) -> tuple[int, int, int]:
+    return run["params_at_rest"], run["grads"], run["optimizer_state"] - STEPS_BYTES
+
+
+@pytest.mark.slow
+def test_each_rank_holds_the_states_the_profiles_say(ranks):
+    for rank in (0, 1):
+        for setup, sharding in (("DDP", "none"), ("ZeRO-3", "fsdp2"), ("ZeRO-2", "fsdp2")):
+            s = _spread(sharding).states
+            calc = (s["weights"], s["gradients"], s["optimizer state"])
+            assert _states(ranks[rank][setup]) == calc, (rank, setup)
+    # ZeroRedundancyOptimizer splits by whole parameter (unevenly): the two ranks' optimizer
+    # state together is the whole, and each rank's share is what the calculator's even split is
+    # on average
+    z1 = _spread("zero1").states["optimizer state"]
+    both = sum(
+        ranks[r]["ZeRO-1"]["optimizer_state"] - 4 * ranks[r]["ZeRO-1"]["owned_tensors"]
+        for r in (0, 1)
+    )
+    assert both == 2 * z1 == WHOLE_FP32["optimizer state"]
+
+
+@pytest.mark.slow
+def test_fsdp2_gathers_what_the_profile_says(ranks):
+    for rank in (0, 1):
+        zero3 = _spread("fsdp2")  # reshard_after_forward=True: one unit at a time
+        assert ranks[rank]["ZeRO-3"]["gathered_at_forward"] == [zero3.unit_weights] * 3
+        assert ranks[rank]["ZeRO-3"]["gathered_between_fwd_bwd"] == zero3.kept_gathered == 0
+        kept = _spread("fsdp2", reshard_after_forward=False)  # every unit, kept to backward
+        assert ranks[rank]["ZeRO-2"]["gathered_between_fwd_bwd"] == kept.kept_gathered
+        assert ranks[rank]["ZeRO-2"]["gathered_at_forward"][-1] == kept.kept_gathered
+        # MixedPrecisionPolicy(param_dtype=bf16): the gathered unit in 2 bytes per parameter
+        bf16 = _spread("fsdp2", weight_bytes=2)
+        assert ranks[rank]["ZeRO-3 bf16"]["gathered_at_forward"] == [bf16.unit_weights] * 3
+
+
+@pytest.mark.slow
+def test_fsdp2_in_bf16_holds_the_bytes_of_the_mixed_recipe(ranks):
+    """FSDP2 with bf16 parameters keeps fp32 shards and fp32 gradients where the calculator's
+    "mixed" recipe counts bf16 weights and gradients and an fp32 master copy: the categories
+    differ, their sum (16 bytes per parameter with Adam, over 2 ranks) is the same."""
+    whole = {"weights": 2 * PSI, "gradients": 2 * PSI, "master weights": 4 * PSI}
+    whole["optimizer state"] = 8 * PSI
+    s = spread(whole, MLP, 2, 2, "fsdp2", 2, Mesh()).states
+    for rank in (0, 1):
+        assert sum(_states(ranks[rank]["ZeRO-3 bf16"])) == sum(s.values())
