@@ -46,7 +46,7 @@ lab: $(STAMP)
 # those parts.
 test: $(STAMP)
 	$(MAKE) lint
-	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard or child" -n 2 --dist loadfile --durations=12
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard or heavy" -n 2 --dist loadfile --durations=12
 
 test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
@@ -79,11 +79,11 @@ browser-deps:
 	-@sh scripts/ensure_chromium.sh
 
 # The loop while editing: unit tests without the slow ones (torchrun launches, Jupyter kernels
-# and servers, the profiler, the browser, repo2docker) and without those marked child (a Python
-# child that imports torch: make test runs them). Unit tests
+# and servers, the profiler, the browser, repo2docker) and without those marked heavy (a Python
+# child that imports torch, or 0.3 s of CPU or more in one test: make test runs them). Unit tests
 # need no nbval: -p no:nbval saves each worker the seconds nbformat's schema checks take to import.
 quick: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow and not child" -q -n 2 --dist loadfile -p no:nbval
+	$(TEST_ENV) $(BIN)/python -m pytest tests -m "not slow and not heavy" -q -n 2 --dist loadfile -p no:nbval
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile -p no:nbval

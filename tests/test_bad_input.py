@@ -495,6 +495,7 @@ def test_an_input_no_tensor_can_hold_is_one_sentence(shape):
         assert "than any tensor can" in one_sentence(memory.spec, shape)
 
 
+@pytest.mark.heavy
 def test_a_step_that_would_make_a_tensor_too_large_says_so():
     from torch import nn
 

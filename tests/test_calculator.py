@@ -19,6 +19,7 @@ def _agg(monkeypatch):
     matplotlib.use("Agg")
 
 
+@pytest.mark.heavy
 def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
     calc = Calculator(preset="gpt2-124m", batch=1, seq=512, sharding="none", n_gpus=1)
     before, text, png = calc.report, calc.summary.value, calc.picture.value
@@ -37,6 +38,7 @@ def test_turning_a_knob_updates_the_report_and_the_summary(capsys):
     assert len(calc.updates) == 2
 
 
+@pytest.mark.heavy
 def test_set_turns_several_knobs_with_one_update():
     calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
     report = calc.set(preset="llama-1b", seq=1024, sharding="zero2", n_gpus=4)
@@ -58,6 +60,7 @@ def test_zero_on_one_gpu_is_refused_in_the_summary_and_several_gpus_alone_are_dd
     assert "DDP over 4 GPUs" in repr(calc.report)
 
 
+@pytest.mark.heavy
 def test_an_impossible_choice_is_said_in_the_summary_not_raised():
     calc = Calculator(preset="llama-1b", seq=2048, sharding="none", n_gpus=1)
     old = calc.report
@@ -84,6 +87,7 @@ def test_bad_knobs_get_one_sentence():
     assert calc.knobs["precision"].value == "bf16-master", "a refused value moves no knob"
 
 
+@pytest.mark.heavy
 def test_a_value_beyond_a_slider_widens_it_and_says_so():
     calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
     report = calc.set(batch=4096)
@@ -93,6 +97,7 @@ def test_a_value_beyond_a_slider_widens_it_and_says_so():
     assert calc.report.seq == 768 and "768 added to the seq choices" in calc.summary.value
 
 
+@pytest.mark.heavy
 def test_the_names_people_type_and_the_persons_question():
     calc = Calculator(
         preset="Llama-3-8B",
@@ -114,6 +119,7 @@ def test_the_names_people_type_and_the_persons_question():
     assert calc.report.fits and "fits on each of 4 x 80GB GPU" in calc.summary.value
 
 
+@pytest.mark.heavy
 def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monkeypatch):
     """What keeps a change quick, checked by what runs, not by the clock (issue 37: this test
     asserted each update < 2.0 s and stopped at 8.4 s on a loaded 2-core machine; the seconds
@@ -212,6 +218,7 @@ def test_any_bad_value_is_one_sentence_and_moves_no_knob(knob_and_value):
     assert calc.values() == before
 
 
+@pytest.mark.heavy
 def test_the_new_knobs_move_the_answer_and_the_bar_and_verdict_agree():
     """The widget shows the knobs the calculator gained (the optimizer's implementation, LoRA,
     gradient accumulation, TP), says it is updating while it works, and never shows a bar of

@@ -940,7 +940,7 @@ OFFLOAD_CHECK = ("assert offload.moved == back == predicted",)
 REAL_WORLDS = {"_fused_step_with_hooks": FUSED_CHECK, "_offloading": OFFLOAD_CHECK}
 
 
-@pytest.mark.child
+@pytest.mark.heavy
 @pytest.mark.parametrize("world", sorted(REAL_WORLDS))
 def test_03_checks_pass_in_the_real_world(world, in_child):
     """The control for the two 03 mutations below: unmutated, the same cells pass."""
@@ -1867,7 +1867,7 @@ MUTATIONS = {
 @pytest.mark.parametrize(
     "case",
     [  # the leaky worlds run in the child process of in_child
-        pytest.param(c, marks=pytest.mark.child) if MUTATIONS[c][2].__name__ in LEAKY else c
+        pytest.param(c, marks=pytest.mark.heavy) if MUTATIONS[c][2].__name__ in LEAKY else c
         for c in sorted(MUTATIONS)
     ],
 )

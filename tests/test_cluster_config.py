@@ -81,6 +81,7 @@ def test_missing_slurm_is_installed_with_apt_as_root(tmp_path, monkeypatch):
     ]
 
 
+@pytest.mark.heavy
 def test_an_apt_that_hangs_is_stopped_at_the_timeout_with_its_children(tmp_path, monkeypatch):
     pids = tmp_path / "pids"
     _fake_apt(tmp_path / "bin", f"sleep 30 &\necho $! > {pids}\nwait\n", monkeypatch)
@@ -131,6 +132,7 @@ def test_stop_leaves_the_learners_terminal_alone(tmp_path):
         terminal.wait()
 
 
+@pytest.mark.heavy
 def test_stop_ends_what_is_left_of_a_job_and_only_that(tmp_path):
     """A stand-in slurmstepd of this cluster (named so, carrying its SLURM_CONF) with a child that
     ignores SIGTERM: both go. Another cluster's slurmstepd and the terminal stay."""

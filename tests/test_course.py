@@ -103,6 +103,7 @@ def test_needs_gpu_names_real_notebooks_that_run_on_a_gpu():
         assert "1 GPU" in by_name[name].runs_on, f"{name} is not said to run on 1 GPU"
 
 
+@pytest.mark.heavy
 def test_sync_colab_writes_kernelspec_and_gpu_runtime_and_removes_a_stale_one():
     import nbformat  # deferred like sync_colab's own import: seconds, for this one test
 

@@ -163,6 +163,7 @@ def test_every_syllabus_fits_its_slot():
         assert ct.syllabus_rows(syllabus, ests)
 
 
+@pytest.mark.heavy
 def test_write_then_check_on_a_copy(tmp_path, monkeypatch):
     """--write makes --check pass, and a second --write changes nothing."""
     for rel in ("README.md", "docs/instructor-guide.md", "src/tutorial_utils/course.py"):

@@ -155,6 +155,7 @@ def test_every_wrong_attempt_gets_its_own_hint(budgets):
     assert len(set(hints.values())) == len(attempts), hints
 
 
+@pytest.mark.heavy
 def test_solution_step_passes_on_the_capstone_model_and_refuses_another():
     tokens = token_batch(8, 16, vocab=100, seed=1)
     labels = torch.randint(0, 5, (8,), generator=torch.Generator().manual_seed(2))

@@ -412,7 +412,7 @@ def test_a_step_that_loads_on_its_own_is_not_refused_for_its_names(ranks_report)
 # --- issue 37 item 8: the step's folder goes when the kernel is killed ----------------------------
 
 
-@pytest.mark.child
+@pytest.mark.heavy
 def test_the_step_folder_is_removed_when_the_kernel_is_killed(tmp_path):
     """A kernel stand-in runs check_plan with torchrun replaced by a wait, is SIGKILLed while
     its capstone2-* folder (the learner's step.py and plan.json) exists: the watchdog removes
@@ -473,7 +473,7 @@ def test_building_the_model_leaves_the_random_state_alone():
     assert torch.equal(first[0].up.weight, build_model()[0].up.weight), "still seeded: the same"
 
 
-@pytest.mark.child
+@pytest.mark.heavy
 def test_importing_the_grader_leaves_the_random_state_alone():
     """The notebook's first cell imports the grader (which builds the model to count PSI): the
     learner's torch, random and numpy states must be as they were, in a fresh interpreter."""

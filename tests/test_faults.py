@@ -202,6 +202,7 @@ def test_lab_token_is_in_no_command_line():
     assert seen == {"served": True, "processes_showing_the_token": 0, "token_files_left": []}
 
 
+@pytest.mark.heavy
 def test_busy_port_is_an_error_and_no_token_is_printed():
     seen = probe.lab_busy_port()
     assert seen["token_printed_for_ports"] == [] and seen["jupyter_served_on"] == []

@@ -143,6 +143,7 @@ def test_full_checkpointing_keeps_only_each_block_input():
     assert full.backward_over > none.backward_over + (none.held - full.held) // 2
 
 
+@pytest.mark.heavy
 def test_report_verdict_names_the_number_and_the_headroom():
     small = fit.will_it_fit("gpt2", batch=1, seq=128, precision="bf16-master", gpu="T4")
     assert small.fits and small.verdict.startswith("fits on one T4 (16 GB, spec sheet): needs ")
@@ -283,6 +284,7 @@ def test_shard_model_states_divides_what_each_stage_says_and_refuses_bad_input()
     assert result.attempted >= 1 and result.failed == 0
 
 
+@pytest.mark.heavy
 def test_the_picture_ends_near_the_bar_and_its_title_fits():
     import matplotlib
 

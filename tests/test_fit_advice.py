@@ -8,6 +8,7 @@ import pytest
 from tutorial_utils import fit, fit_advice
 
 
+@pytest.mark.heavy
 def test_the_largest_micro_batch_that_fits_keeps_the_batch_and_one_more_does_not_fit():
     r = fit.will_it_fit("gpt2", batch=512, seq=1024, precision="bf16-master", gpu="RTX 4090")
     advice = fit_advice.advise(r)
@@ -31,6 +32,7 @@ def test_the_largest_micro_batch_that_fits_keeps_the_batch_and_one_more_does_not
     assert all(c.cost for c in advice.changes), "every suggestion says what it costs"
 
 
+@pytest.mark.heavy
 def test_the_issue_s_example_is_offered_accumulation_before_batch_1():
     r = fit.will_it_fit("llama-3.2-1b", batch=8, seq=4096, gpu="RTX 4090")
     advice = fit_advice.advise(r)

@@ -93,6 +93,7 @@ def test_an_argument_error_answers_before_importing_torch():
     assert not imported, "an argument error imported torch first"
 
 
+@pytest.mark.heavy
 def test_the_persons_question_gets_a_verdict_and_the_change_that_helps(capsys):
     done = _run(capsys, *PERSON)
     assert done.returncode == 1, done.stderr  # 1: it does not fit

@@ -48,6 +48,7 @@ def test_each_preset_has_the_shape_torchtune_builds_and_a_source(name):
         assert f["d_head"] == 256
 
 
+@pytest.mark.heavy
 def test_every_preset_the_issue_names_answers_with_a_number_and_a_verdict():
     for name in ("mistral-7b", "qwen2.5-7b", "llama-3.1-405b", "gemma-2b", "llama-2-7b"):
         r = fit.will_it_fit(name, seq=256, gpu="A100-80GB")
@@ -117,6 +118,7 @@ def test_a_bad_config_json_is_one_sentence(tmp_path, content, message):
         presets.from_config_json(tmp_path / "missing.json")
 
 
+@pytest.mark.heavy
 def test_the_command_line_takes_a_config_and_dimensions(tmp_path, capsys):
     path = _qwen_config(tmp_path)
     assert cli.main(["--config", str(path), "--seq", "256", "--gpu", "H200"]) == 1

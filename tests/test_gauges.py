@@ -439,6 +439,7 @@ def test_a_malformed_reading_is_an_error_row_and_stop_still_works(value, why, ca
     assert capfd.readouterr() == ("", "")
 
 
+@pytest.mark.heavy
 def test_a_hung_source_does_not_hang_stop(monkeypatch):
     release, hanging = threading.Event(), threading.Event()
 

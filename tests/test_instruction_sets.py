@@ -67,7 +67,7 @@ def _probes(**env: str) -> list[str]:
     return out.stdout.split()
 
 
-@pytest.mark.child
+@pytest.mark.heavy
 @pytest.mark.timeout(300)
 def test_notebook_05s_cpu_probes_exist_and_follow_onednn_max_cpu_isa():
     """The hardware probes see the CPU; oneDNN's own bf16 path turns off under AVX2."""

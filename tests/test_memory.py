@@ -348,6 +348,7 @@ def test_budget_rejects_an_unreadable_size():
 # --- breakdown ------------------------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_breakdown_of_the_facts_example_is_exact():
     # facts.md measured loss = model(x).sum(); loss.backward(): the output freed before backward
     x = torch.randn(256, 1024)
@@ -366,6 +367,7 @@ def test_breakdown_of_the_facts_example_is_exact():
     assert loop.peak - b.peak == 1 * MiB + 4 and "as in a training loop" in repr(loop)  # + the loss
 
 
+@pytest.mark.heavy
 def test_breakdown_measures_the_loop_a_learner_writes():
     # issue 25 §7: a tied-embedding LM trained on out.float().sum() saves nothing of its big
     # output for backward; in out = model(x); loss = loss_fn(out); loss.backward() the output
@@ -496,6 +498,7 @@ def _same(est: memory.MemoryBreakdown, real: memory.MemoryBreakdown):
     )
 
 
+@pytest.mark.heavy
 def test_estimate_equals_breakdown_for_the_facts_example():
     x = torch.randn(256, 1024)
     real = memory.breakdown(mlp_160(), x, optimizer=torch.optim.Adam)
@@ -746,6 +749,7 @@ def test_onednn_max_cpu_isa_avx2_turns_the_flag_off():
     size=st.integers(3, 12),
     opt=st.sampled_from([None, torch.optim.SGD, torch.optim.AdamW]),
 )
+@pytest.mark.heavy
 def test_estimate_matches_breakdown_for_convnets(batch, channels, size, opt):
     real = memory.breakdown(
         models.ConvNet(channels), models.image_batch(batch, size), optimizer=opt

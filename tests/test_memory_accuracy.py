@@ -24,6 +24,7 @@ def _load_benchmark():
 bench = _load_benchmark()
 
 
+@pytest.mark.heavy
 def test_breakdown_matches_the_profiler_on_the_facts_example():
     # facts.md: the profiler gave 160.09 MiB (with the parameters) for this step
     def make():

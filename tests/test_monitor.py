@@ -289,6 +289,7 @@ def test_nvml_that_does_not_answer_makes_the_source_unavailable(monkeypatch):
 
 
 @pytest.mark.timeout(60)  # the hang guard (120x the 0.5 s timeout): a read that waits fails here
+@pytest.mark.heavy
 def test_gputil_with_a_hung_nvidia_smi_times_out_and_leaves_nothing_running(hanging_nvidia_smi):
     import GPUtil
 

@@ -91,6 +91,7 @@ def test_missing_binding_is_one_sentence(monkeypatch):
     assert "nvidia-ml-py" in nvml.probe().reason
 
 
+@pytest.mark.heavy
 def test_a_hung_driver_times_out_and_a_late_answer_is_undone(monkeypatch):
     # hang_s: a hang guard (an init that waited for the driver would return after 30 s)
     fake = install_fake_nvml(monkeypatch, FakeNvml([], hang_s=30))

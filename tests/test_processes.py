@@ -22,6 +22,7 @@ def test_run_returns_the_output():
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
 
 
+@pytest.mark.heavy
 def test_run_kills_what_the_command_started_when_time_is_up(tmp_path):
     """Independent of load: the timeout must fire after the grandchild exists (its pid is
     written), and on a loaded machine that can take longer than any fixed timeout. So each try
@@ -54,6 +55,7 @@ def test_run_cannot_start_a_missing_program():
         processes.run(["/no/such/program"], timeout_s=5)
 
 
+@pytest.mark.heavy
 def test_stop_tree_stops_a_process_that_ignores_sigterm():
     stubborn = subprocess.Popen(
         [
@@ -75,6 +77,7 @@ def test_stop_tree_stops_a_process_that_ignores_sigterm():
     stubborn.wait(timeout=5)
 
 
+@pytest.mark.heavy
 def test_a_finished_watchdog_leaves_everything_alone(tmp_path):
     job = subprocess.Popen(["sleep", "1000"])
     folder = tmp_path / "keep"

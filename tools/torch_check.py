@@ -13,7 +13,7 @@ every other package as ``constraints.txt`` pins it, then, in that virtualenv, on
 2. every notebook top to bottom (``tools/run_notebooks.py``): nothing is compared with the
    committed outputs, every check cell must pass. The device is whatever is here: on a machine
    without a GPU, PyPI's Linux torch is a CUDA build without a driver, as on many laptops;
-3. the unit tests ``make test`` runs (``-m "not slow or guard or child"``);
+3. the unit tests ``make test`` runs (``-m "not slow or guard or heavy"``);
 4. with ``--nbval``, strict nbval on every notebook, to list the cells whose outputs differ
    from the committed CPU references (a report, not a failure of this check).
 
@@ -44,7 +44,7 @@ __all__ = ["Phase", "constraints_without", "main", "summary"]
 ROOT = Path(__file__).resolve().parent.parent
 FLOOR = "2.11.0"  # pyproject's torch>=2.11 (torch_api_check.TESTED_FLOOR)
 NBVAL_ARGS = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg"]
-UNIT_MARKERS = "not slow or guard or child"  # what make test runs
+UNIT_MARKERS = "not slow or guard or heavy"  # what make test runs
 INSTALL_TIMEOUT_S = 3600  # a CUDA build is several GB to download
 NOTEBOOK_TIMEOUT_S = 1800  # one notebook, all its cells (07, 08, 05, 06 take minutes on 2 cores)
 TESTS_TIMEOUT_S = 1800
