@@ -198,7 +198,7 @@ def by_hand_summary(reports: dict) -> str:
         if work[m] > 1.15:
             reasons.append(
                 f"{m} micro-batches cost {work[m]:.2f}x the CPU time of one batch (smaller "
-                f"products, timed below: {(cpu[m] - cpu[1]) / (m - 1) * 1e3:.1f} ms more per "
+                f"products: {(cpu[m] - cpu[1]) / (m - 1) * 1e3:.1f} ms more per "
                 "extra micro-batch)"
             )
         if idle[m] > 0.15 * step[m]:
