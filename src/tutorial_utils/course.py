@@ -32,7 +32,7 @@ MINUTES: dict[str, int] = {
     "06_capstone_make_it_fit.ipynb": 50,
     "07_data_parallelism.ipynb": 45,
     "08_model_parallelism.ipynb": 35,
-    "09_zero_and_fsdp2.ipynb": 45,
+    "09_zero_and_fsdp2.ipynb": 40,
     "10_tensor_and_sequence_parallelism.ipynb": 35,
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
     "12_long_context_and_experts.ipynb": 50,
