@@ -1323,11 +1323,33 @@ def _fsdp_depth_reports(monkeypatch=None, mutate=True, reduce_in_bf16=False) -> 
     reports = {
         rank: {"psi": psi, "world": n, "accumulation": acc, "reduce_dtype": red} for rank in (0, 1)
     }
-    return {"depth": types.SimpleNamespace(reports=reports), "psi_d": psi}
+    return {"depth": types.SimpleNamespace(reports=reports), "psi_d": psi, "LAYERS": layers}
 
 
 def _fsdp_reduce_dtype_ignored(monkeypatch=None, mutate=True) -> dict:
     return _fsdp_depth_reports(monkeypatch, mutate, reduce_in_bf16=True)
+
+
+def _fsdp_frees_the_unsynced_gradient(monkeypatch=None, mutate=True) -> dict:
+    """Mode "last" leaving what "every" leaves (its gradient resharded as if reduced), with the
+    right collectives; the control: "last" a layer's gradient late (+ Psi, allowed)."""
+    world = _fsdp_depth_reports(monkeypatch, mutate=False)
+    psi, n = world["psi_d"], 2
+    leaves = world["depth"].reports[0]["accumulation"]["last"]["held_after_micro_batch"]
+    leaves[0] = 4 * psi // n if mutate else leaves[0] + 4 * psi // world["LAYERS"]
+    return world
+
+
+def _fsdp_keeps_a_second_gradient(monkeypatch=None, mutate=True) -> dict:
+    """fp32 ZeRO-3 keeping its unsharded gradient twice (mutated: + 4 Psi, all layers), or, as
+    the control, one layer's gradient still held by a reduce-scatter's gloo thread (+ Psi: how
+    often depends on thread timing, so the check allows it)."""
+    world = _fsdp_depth_reports(monkeypatch, mutate=False)
+    psi = world["psi_d"]
+    for rep in world["depth"].reports.values():
+        rep["reduce_dtype"] = {k: dict(v) for k, v in rep["reduce_dtype"].items()}
+        rep["reduce_dtype"]["fp32"]["held"] += 4 * psi if mutate else 4 * psi // world["LAYERS"]
+    return world
 
 
 FSDP_ACCUMULATION = ('want = {"every": (2 * k, k, 4 / n)',)
@@ -1537,6 +1559,18 @@ MUTATIONS = {
         FSDP_REDUCE_DTYPE,
         _fsdp_reduce_dtype_ignored,
         "(0, 'bf16, reduce fp32'",
+    ),
+    "09 fp32 ZeRO-3 keeps its gradient twice": (
+        "09",
+        FSDP_REDUCE_DTYPE,
+        _fsdp_keeps_a_second_gradient,
+        "(0, 'fp32'",
+    ),
+    "09 gradient sync off frees the unsynced gradient": (
+        "09",
+        FSDP_ACCUMULATION,
+        _fsdp_frees_the_unsynced_gradient,
+        "('last', 132096)",
     ),
     "11 Adam keeps one moment": ("11", CAPSTONE_STATE, _adam_with_one_moment, "does not fit"),
     "11 one replica fits the budget": (
@@ -1895,6 +1929,8 @@ CONTROLS = {
     "04 CUDA ignores PYTORCH_ALLOC_CONF": _cuda_allocator_ignoring_the_new_name,
     "09 FSDP2 reduces every micro-batch with gradient sync off": _fsdp_depth_reports,
     "09 bf16's reduce-scatter moves bf16 despite reduce_dtype=float32": _fsdp_reduce_dtype_ignored,
+    "09 fp32 ZeRO-3 keeps its gradient twice": _fsdp_keeps_a_second_gradient,
+    "09 gradient sync off frees the unsynced gradient": _fsdp_frees_the_unsynced_gradient,
 }
 
 
