@@ -37,7 +37,7 @@ MINUTES: dict[str, int] = {
     "11_capstone_make_it_fit_across_ranks.ipynb": 40,
     "12_long_context_and_experts.ipynb": 50,
     "13_fewer_bytes.ipynb": 60,
-    "14_when_a_job_hangs.ipynb": 40,
+    "14_when_a_job_hangs.ipynb": 45,
 }
 # END MINUTES
 
