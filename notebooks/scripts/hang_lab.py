@@ -66,6 +66,7 @@ def die(rank: int) -> None:
             dist.all_reduce(grads)
         except RuntimeError as err:  # rank 0: what the others see when a rank dies
             report({"step": step, "error": str(err).splitlines()[0]})
+            time.sleep(1.1)  # torchrun dates failures to the second: the dead rank's comes first
             raise
 
 
