@@ -80,6 +80,29 @@ _SHARDED = {"params": 3, "grads": 2, "state": 1}  # the first stage that shards 
 _NAMES = {"params": "the parameters", "grads": "the gradients", "state": "the optimizer state"}
 
 
+def _bytes_by_name(
+    fb: Feedback, call: str, fn: Callable, args: tuple, names, what: str, brief: str
+) -> dict[str, float]:
+    """``fn(*args)`` run for ``fb`` as ``call``: a dict of a number of bytes for each of
+    ``names``, or a refusal that says which key or value is wrong."""
+    got = fb.run(call, fn, *args, returns=dict)
+    shape = "{" + ", ".join(f'"{name}": ...' for name in names) + "}"
+    fb.require(
+        set(got) == set(names),
+        f"{call} returned a dict with keys {describe(sorted(map(str, got)))}: return "
+        f"{shape}, {what}",
+        brief=brief,
+    )
+    values = {name: finite_number(got[name]) for name in names}
+    bad = next((name for name in names if values[name] is None), None)
+    fb.require(
+        bad is None,
+        number_problem(f"{call}[{bad!r}]", got.get(bad)) + " (a number of bytes)",
+        brief=f"{call.split('(')[0]} does not return numbers",
+    )
+    return values
+
+
 @checker(answers=("zero_bytes",))
 def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feedback:
     """``zero_bytes(stage, psi, n, k)``: the bytes of each part on one rank during a step, as a
@@ -109,19 +132,14 @@ def check_zero_bytes(zero_bytes: Callable[[int, int, int, float], dict]) -> Feed
     for stage, psi, n, k in _GRID:
         want = _zero_parts(stage, psi, n, k)
         call = f"zero_bytes({stage}, {psi:,}, {n}, {k})"
-        got = fb.run(call, zero_bytes, stage, psi, n, k, returns=dict)
-        fb.require(
-            set(got) == set(CATEGORIES),
-            f"{call} returned a dict with keys {describe(sorted(map(str, got)))}: return "
-            '{"params": ..., "grads": ..., "state": ...}, the bytes of each part',
-            brief="zero_bytes does not return the three parts",
-        )
-        values = {c: finite_number(got[c]) for c in CATEGORIES}
-        bad = next((c for c in CATEGORIES if values[c] is None), None)
-        fb.require(
-            bad is None,
-            number_problem(f"{call}[{bad!r}]", got.get(bad)) + " (a number of bytes)",
-            brief="zero_bytes does not return numbers",
+        values = _bytes_by_name(
+            fb,
+            call,
+            zero_bytes,
+            (stage, psi, n, k),
+            CATEGORIES,
+            "the bytes of each part",
+            "zero_bytes does not return the three parts",
         )
         off = [c for c in CATEGORIES if abs(values[c] - want[c]) > 1e-9 * want[c] + 0.5]
         if off:
@@ -241,19 +259,14 @@ def check_fsdp_bytes(fsdp_bytes: Callable[[int, int, str, int, int], dict]) -> F
     matches = [0] * len(_FSDP_MISTAKES)
     for (psi, k, sync, param_bytes, reduce_bytes), want in wants:
         call = f"fsdp_bytes({psi:,}, {k}, {sync!r}, {param_bytes}, {reduce_bytes})"
-        got = fb.run(call, fsdp_bytes, psi, k, sync, param_bytes, reduce_bytes, returns=dict)
-        fb.require(
-            set(got) == set(COLLECTIVES),
-            f"{call} returned a dict with keys {describe(sorted(map(str, got)))}: return "
-            '{"all_gather": ..., "reduce_scatter": ...}, the bytes of each',
-            brief="fsdp_bytes does not return the two collectives",
-        )
-        values = {c: finite_number(got[c]) for c in COLLECTIVES}
-        bad = next((c for c in COLLECTIVES if values[c] is None), None)
-        fb.require(
-            bad is None,
-            number_problem(f"{call}[{bad!r}]", got.get(bad)) + " (a number of bytes)",
-            brief="fsdp_bytes does not return numbers",
+        values = _bytes_by_name(
+            fb,
+            call,
+            fsdp_bytes,
+            (psi, k, sync, param_bytes, reduce_bytes),
+            COLLECTIVES,
+            "the bytes of each",
+            "fsdp_bytes does not return the two collectives",
         )
         off = [c for c in COLLECTIVES if abs(values[c] - want[c]) > 1e-9 * want[c] + 0.5]
         if not off:
