@@ -239,7 +239,8 @@ def _exercise_notebook(tmp_path: Path) -> Path:
                 "code",
                 "# Solution to exercise 1 (expand to read)\n# why, in words\ndef f(x):\n"
                 "    y = x + 1\n    z = y * 2\n    w = z - 3\n    return w\n\n\n"
-                "check_f(f).assert_passed()",
+                "check_f(f).assert_passed()\n\n# held against the notebook's runs\n"
+                "for x in range(3):\n    assert f(x) == 2 * x - 1\n",
                 hidden,
             ),
             ("code", "# Solution to exercise 2 (expand to read)\n# the script's fix", hidden),
@@ -251,7 +252,8 @@ def test_each_exercise_is_read_from_its_cells(tmp_path):
     est = ct.estimate(_exercise_notebook(tmp_path))
     work = est.section("Exercises").exercise_work
     assert work["1"].title == "Exercise 1: write it."
-    # def f(x): was given; the comments and the checker's call are not written by the learner
+    # def f(x): was given; the comments, the checker's call and the demonstration after it are
+    # not written by the learner
     assert (work["1"].written_lines, work["1"].script_lines) == (4, 0)
     assert work["2"].title == "2. Find the bug: a script"
     assert (work["2"].written_lines, work["2"].script_lines) == (0, 10)

@@ -133,6 +133,13 @@ EXERCISE_WEIGHTS: tuple[ExerciseWeight, ...] = (
         "block, then derive the formula; 15 min is issue 38's reviewer's estimate",
     ),
     ExerciseWeight(
+        "09_zero_and_fsdp2.ipynb",
+        "predict the bytes before you run it",
+        15,
+        "eight lines to write, but each stage's three parts reasoned from section 1's ranks "
+        "before the checker runs; 15 min is issue 38's reviewer's estimate",
+    ),
+    ExerciseWeight(
         "10_tensor_and_sequence_parallelism.ipynb",
         "a 2-D run whose loss",
         15,
@@ -239,11 +246,18 @@ def _number_key(number: str) -> tuple[int, str]:
 
 def written_lines(solution: str, given: str) -> int:
     """Non-blank code lines of ``solution`` that are not in ``given`` (the exercise's cell as
-    shipped), comments and the checker's call left out: what a learner has to write."""
+    shipped), up to the checker's first call, comments left out: what a learner has to write."""
     shipped = {line.strip() for line in given.splitlines()}
+    # What follows the checker's call is the solution's own demonstration (the answer held
+    # against the notebook's measurements), read by a learner who expands it, not written.
+    lines = solution.splitlines()
+    for i, line in enumerate(lines):
+        if CHECK_CALL_RE.search(line):
+            lines = lines[:i]
+            break
     return sum(
         1
-        for line in solution.splitlines()
+        for line in lines
         if line.strip()
         and not line.strip().startswith("#")
         and line.strip() not in shipped
