@@ -157,12 +157,9 @@ def ddp_hooks(rank: int, world: int) -> dict:
     return out
 
 
-def power_sgd(rank: int, world: int, x: torch.Tensor, y: torch.Tensor, one: nn.Module) -> dict:
-    """PowerSGD at rank 1, weights held still (no optimizer step): every step's true gradient is
-    G. With error feedback, step t applies G + e(t-1) - e(t), e being the ranks' mean error, so
-    the mean applied over T steps is G - e(T) / T. ``one``: one process's model after its
-    backward on every rank's sample."""
-    g_one = [p.grad for p in one.parameters()]
+def powersgd_ddp(order: list) -> tuple[DDP, powerSGD_hook.PowerSGDState]:
+    """DDP whose gradients travel through ``powerSGD_hook`` at rank ``RANK``, error feedback on;
+    ``order`` receives the parameters of each bucket the hook compresses."""
     state = powerSGD_hook.PowerSGDState(
         process_group=None,
         matrix_approximation_rank=RANK,
@@ -170,7 +167,6 @@ def power_sgd(rank: int, world: int, x: torch.Tensor, y: torch.Tensor, one: nn.M
         use_error_feedback=True,
         warm_start=True,
     )
-    order: list = []
 
     def hook(state, bucket):  # powerSGD_hook, and the order of the bucket's parameters
         order[:] = bucket.parameters()
@@ -178,6 +174,17 @@ def power_sgd(rank: int, world: int, x: torch.Tensor, y: torch.Tensor, one: nn.M
 
     model = DDP(build())
     model.register_comm_hook(state, hook)
+    return model, state
+
+
+def power_sgd(rank: int, world: int, x: torch.Tensor, y: torch.Tensor, one: nn.Module) -> dict:
+    """PowerSGD at rank 1, weights held still (no optimizer step): every step's true gradient is
+    G. With error feedback, step t applies G + e(t-1) - e(t), e being the ranks' mean error, so
+    the mean applied over T steps is G - e(T) / T. ``one``: one process's model after its
+    backward on every rank's sample."""
+    g_one = [p.grad for p in one.parameters()]
+    order: list = []  # the bucket's parameters, in the order of the flat error it keeps
+    model, state = powersgd_ddp(order)
     params = list(model.parameters())
     applied = [torch.zeros_like(p) for p in params]
     steps = []
@@ -256,6 +263,19 @@ def head(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(H, H), nn.Tanh(), nn.Linear(H, VOCAB))
 
 
+def sharded_loss(x, labels, mesh, count):
+    """The output layer split by vocabulary columns, its cross-entropy taken on the sharded
+    logits under ``loss_parallel``; ``count()`` opens a counter of each pass's bytes."""
+    sharded = parallelize_module(head(), mesh, {"2": ColwiseParallel(use_local_output=False)})
+    with count() as forward:
+        logits = sharded(x)  # a DTensor: this rank's columns of the vocabulary
+        with loss_parallel():
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    with count() as backward, loss_parallel():
+        loss.backward()
+    return sharded, logits, loss, forward, backward
+
+
 def parallel_loss(rank: int, world: int) -> dict:
     """Cross-entropy over vocabulary-sharded logits, against one process and against gathering."""
     g = torch.Generator().manual_seed(3)
@@ -267,13 +287,9 @@ def parallel_loss(rank: int, world: int) -> dict:
 
     mesh = init_device_mesh("cpu", (world,))
     groups = {"tp": list(range(world))}
-    sharded = parallelize_module(head(), mesh, {"2": ColwiseParallel(use_local_output=False)})
-    with CommBytes(groups) as forward:
-        logits = sharded(x)  # a DTensor: this rank's columns of the vocabulary
-        with loss_parallel():
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-    with CommBytes(groups) as backward, loss_parallel():
-        loss.backward()
+    sharded, logits, loss, forward, backward = sharded_loss(
+        x, labels, mesh, lambda: CommBytes(groups)
+    )
     grads = [
         p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         for p in sharded.parameters()
