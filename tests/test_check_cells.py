@@ -582,6 +582,15 @@ def _pinning_per_batch_pays():
     }
 
 
+def _pinned_copies_no_faster(monkeypatch=None, mutate=True):
+    """01's pinning cell on a GPU where pinning per batch gains nothing (as it should) and, with
+    ``mutate``, a copy from the pinned buffer takes as long as a pageable one."""
+    world = _pinning_per_batch_pays()
+    medians = (10.0, 11.0, 12.0, 10.0 if mutate else 5.0)  # pageable, pin each, refill, pinned
+    world["pin_ways"].timings = [types.SimpleNamespace(median=m) for m in medians]
+    return world
+
+
 def _cpu():
     return devices.Capabilities.machine("cpu")
 
@@ -1589,6 +1598,12 @@ MUTATIONS = {
         ("pin_each = pin_ways", "pin_ways.timings[:2]"),
         _pinning_per_batch_pays,
     ),
+    "01 a pinned copy is no faster than pageable": (
+        "01",
+        ("pin_each = pin_ways", "pin_ways.timings[:2]"),
+        _pinned_copies_no_faster,
+        "a copy from pinned memory beats pageable",
+    ),
     "01 a copy read too early is right": (
         "01",
         ("transfer_gpu.read_too_early()",),
@@ -1921,6 +1936,7 @@ def test_the_check_fails_when_its_claim_is_false(case, monkeypatch, request):
 CONTROLS = {
     "00 CUDA's counters see CPU tensors": _cuda_counters_that_see_cpu_tensors,
     "00 a tick reads the peak, not the instant": _spike_ticks,
+    "01 a pinned copy is no faster than pageable": _pinned_copies_no_faster,
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
     "10 the 2-D mesh sends TP's traffic": _cluster_of_10,

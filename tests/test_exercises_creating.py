@@ -5,29 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tutorial_utils.exercises.creating import (
-    check_build_on,
-    check_following_module,
-    check_shape_tensor,
-)
-
-
-def test_shape_tensor_reference_passes():
-    assert check_shape_tensor(lambda t: torch.tensor(t.shape, device=t.device)).passed
-
-
-def test_shape_tensor_guide_snippet_fails_with_its_error():
-    fb = check_shape_tensor(lambda t: torch.tensor(t.get_device().shape))
-    assert not fb.passed and "AttributeError" in fb.report()
-
-
-def test_shape_tensor_wrong_device_and_dtype():
-    assert "pass device=t.device" in check_shape_tensor(lambda t: torch.tensor(t.shape)).report()
-    fb = check_shape_tensor(lambda t: torch.tensor(t.shape, device=t.device, dtype=torch.float32))
-    assert "int64" in fb.report()
-    assert "values" in str(
-        check_shape_tensor(lambda t: torch.tensor(list(t.shape)[::-1], device=t.device))
-    )
+from tutorial_utils.exercises.creating import check_build_on, check_following_module
 
 
 def _build_ref(device):
@@ -90,15 +68,3 @@ def test_following_module_mistakes():
     assert not fb.passed and "bfloat16 on the CPU: the output is torch.float32" in fb.report()
     assert "new_ones" in fb.report()
     assert "no parameter" in check_following_module(lambda f: nn.ReLU()).report()
-
-
-def test_shape_tensor_that_resizes_its_input_fails():
-    """Issue 25: ``t.resize_(...)`` then the new shape passed: the expected sizes were read from
-    the tensor after the learner's code had changed it."""
-
-    def resizes(t):
-        t.resize_(7)
-        return torch.tensor(t.shape, device=t.device)
-
-    fb = check_shape_tensor(resizes)
-    assert not fb.passed and "t changed shape from (2, 3) to (7,)" in fb.report(), fb.report()

@@ -104,7 +104,7 @@ def test_assert_passed_lists_every_problem_and_the_fix_only_when_asked():
 
 def test_attempts_are_counted_per_exercise_and_reset():
     check_double(lambda x: x + 2)
-    assert start.check_tensor_bytes(1).attempt == 1  # another exercise starts at one
+    assert start.check_matmul_peak(lambda: 1).attempt == 1  # another exercise starts at one
     assert check_double(lambda x: x).attempt == 2
     reset_attempts()
     assert check_double(lambda x: x).attempt == 1
@@ -161,7 +161,7 @@ def test_a_learner_value_with_a_broken_repr_is_described_safely():
         def __repr__(self):
             raise RuntimeError("no")
 
-    fb = start.check_tensor_bytes(Hostile())
+    fb = start.check_matmul_peak(Hostile)  # returns a Hostile
     assert "a Hostile" in fb.report()
 
 
@@ -178,8 +178,7 @@ def _untouched_cells():
 
     table = ({"plain": 2, "micro": 1}, {"plain": 0.1, "micro": 0.2}, 1)
     return {
-        "00 ex 1": lambda: start.check_tensor_bytes(...),
-        "00 ex 2": lambda: start.check_matmul_peak(...),
+        "00 ex 1": lambda: start.check_matmul_peak(...),
         "07 ex 1": lambda: parallel.check_sampler_padding(None, None),
         "07 ex 2": lambda: parallel.check_allreduce_counts(None, None, k=8, buckets=1),
         "08 ex 1": lambda: parallel.check_bubble(bubble_fraction),
@@ -209,8 +208,7 @@ def test_an_untouched_exercise_cell_is_not_an_attempt(cell):
     "wrong",
     [
         lambda: start.check_matmul_peak(lambda: 0),  # torch.cuda's counters on the CPU: an answer
-        lambda: start.check_tensor_bytes(0.0),
-        lambda: start.check_tensor_bytes("602112"),
+        lambda: start.check_matmul_peak(lambda: "602112"),  # text, not a number: an answer
         lambda: _precision().check_fp16_survival({70000.0: "inf", 60000.0: "TODO"}),
         lambda: _parallel().check_bubble(lambda p, m: p / m),
     ],
@@ -242,8 +240,8 @@ def test_a_half_answered_cell_names_what_is_still_to_fill_in():
 
 
 def test_the_first_real_answer_after_an_untouched_cell_gets_the_hint():
-    start.check_tensor_bytes(...)  # Run All
-    first = start.check_tensor_bytes(1000 * 3 * 224 * 224)
+    start.check_matmul_peak(...)  # Run All
+    first = start.check_matmul_peak(lambda: 512 * 128 * 4)  # only the output
     assert first.attempt == 1 and not first.detailed and "Fix:" not in repr(first)
 
 

@@ -1,7 +1,7 @@
 """The plain mistakes a learner makes in every graded exercise: every checker refuses them.
 
-This file holds 147 wrong answers: 128 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
-they launch real ranks) and 19 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
+This file holds 139 wrong answers: 121 plain mistakes in ``PLAIN`` (8 of them marked ``slow``:
+they launch real ranks) and 18 tricks in ``TRICKS``. ``test_the_docstring_states_the_counts``
 keeps these numbers equal to the lists.
 
 ``PLAIN``: the wrong answers a learner really writes, at least two for every checker (every
@@ -90,7 +90,7 @@ def _fresh_attempts():
 class Mistake(NamedTuple):
     """One plain wrong answer to one checker."""
 
-    checker: str  # "module.function": start.check_tensor_bytes, capstone_grader.check_plan
+    checker: str  # "module.function": start.check_matmul_peak, capstone_grader.check_plan
     mistake: str  # what the learner got wrong, in words
     answer: Callable[[], Feedback]  # runs the checker on the wrong answer
     says: tuple[str, ...]  # words the first feedback must show: it points at the mistake
@@ -98,8 +98,6 @@ class Mistake(NamedTuple):
 
 
 # --- 00 start here ----------------------------------------------------------------------------
-
-BF16_ELEMENTS = 1000 * 3 * 224 * 224
 
 
 def _matmul_peak_end_minus_start():
@@ -204,22 +202,6 @@ def _accuracy_over_batches_not_samples(model, batches, device):
 
 
 # --- 02 creating tensors on the right device --------------------------------------------------
-
-
-def _shape_without_device(t):
-    return torch.tensor(t.shape)
-
-
-def _shape_in_int32(t):
-    return torch.tensor(t.shape, dtype=torch.int32, device=t.device)
-
-
-def _shape_in_t_dtype(t):
-    return torch.tensor(t.shape, dtype=t.dtype, device=t.device)
-
-
-def _shape_on_cpu_then_copied(t):
-    return torch.tensor(t.shape).to(t.device)
 
 
 def _build_then_move(device):
@@ -829,26 +811,7 @@ def _merge_keeps_the_larger_lse(out_a, lse_a, out_b, lse_b):
 
 
 PLAIN = [
-    # 00 exercise 1: bytes of a bf16 tensor
-    Mistake(
-        "start.check_tensor_bytes",
-        "the number of elements",
-        lambda: start.check_tensor_bytes(BF16_ELEMENTS),
-        ("counts elements",),
-    ),
-    Mistake(
-        "start.check_tensor_bytes",
-        "4 bytes per element (float32's)",
-        lambda: start.check_tensor_bytes(BF16_ELEMENTS * 4),
-        ("another dtype",),
-    ),
-    Mistake(
-        "start.check_tensor_bytes",
-        "one image, not the batch of 1000",
-        lambda: start.check_tensor_bytes(3 * 224 * 224 * 2),
-        ("one image",),
-    ),
-    # 00 exercise 2: the peak of a matmul, measured
+    # 00 exercise 1: the peak of a matmul, measured
     Mistake(
         "start.check_matmul_peak",
         "m.delta_bytes",
@@ -873,7 +836,7 @@ PLAIN = [
         lambda: start.check_matmul_peak(lambda: 917504),
         ("does not measure",),
     ),
-    # 00 exercise 3: peak_of(fn, device)
+    # 00 exercise 2: peak_of(fn, device)
     Mistake(
         "start.check_peak_of",
         "m.peak_bytes, the start not subtracted",
@@ -936,32 +899,7 @@ PLAIN = [
         lambda: moving.check_accuracy_on_device(_accuracy_over_batches_not_samples, CPU),
         ("the value is wrong",),
     ),
-    # 02 exercise 1: the shape as a tensor on t's device
-    Mistake(
-        "creating.check_shape_tensor",
-        "no device=",
-        lambda: creating.check_shape_tensor(_shape_without_device),
-        ("created on the CPU",),
-    ),
-    Mistake(
-        "creating.check_shape_tensor",
-        "int32",
-        lambda: creating.check_shape_tensor(_shape_in_int32),
-        ("wrong dtype",),
-    ),
-    Mistake(
-        "creating.check_shape_tensor",
-        "t's dtype (float)",
-        lambda: creating.check_shape_tensor(_shape_in_t_dtype),
-        ("wrong dtype",),
-    ),
-    Mistake(
-        "creating.check_shape_tensor",
-        "made on the CPU, then .to(t.device)",
-        lambda: creating.check_shape_tensor(_shape_on_cpu_then_copied),
-        ("created on the CPU and copied",),
-    ),
-    # 02 exercise 2: build on the device
+    # 02 exercise 1: build on the device
     Mistake(
         "creating.check_build_on",
         "built on the CPU, then .to(device)",
@@ -974,7 +912,7 @@ PLAIN = [
         lambda: creating.check_build_on(_build_device_on_one_layer, "cpu"),
         ("not created on the device",),
     ),
-    # 02 exercise 3: a module whose tensors follow it
+    # 02 exercise 2: a module whose tensors follow it
     Mistake(
         "creating.check_following_module",
         "torch.zeros(..., device=x.device) without dtype=",
@@ -1809,8 +1747,8 @@ CFG = DecoderConfig(d_model=48, n_heads=6, norm="rms", mlp="swiglu", bias=False,
 
 TRICKS = {
     # only the checker's own verdict counts
-    "00 tensor_bytes: a number whose __float__ stops the check": lambda: start.check_tensor_bytes(
-        StopsTheCheck(1.0)
+    "00 matmul_peak: a returned number whose __float__ stops the check": lambda: (
+        start.check_matmul_peak(lambda: StopsTheCheck(1.0))
     ),
     "02 following_module: buffers() stops the check": lambda: creating.check_following_module(
         _stops_in_buffers
@@ -1825,7 +1763,6 @@ TRICKS = {
     "03 saved_bytes: an int whose __eq__ says yes": lambda: predict.check_saved_bytes(
         _counter_that_lies
     ),
-    "00 tensor_bytes: an int whose __eq__ says yes": lambda: start.check_tensor_bytes(LyingInt(1)),
     "03 parameter_count: an int whose __eq__ says yes": lambda: predict.check_parameter_count(
         CFG, LyingInt(1)
     ),

@@ -196,22 +196,6 @@ def hidden_syncs() -> dict[str, bool]:
     return syncs
 
 
-def h2d(n_bytes: int = 64 * MiB) -> timing.Comparison:
-    """Host-to-device copies from pageable and from pinned memory, timed with CUDA events."""
-    _need_cuda()
-    pageable = torch.randn(n_bytes // 4)
-    pinned = pageable.pin_memory()
-    gpu_dst = torch.empty(n_bytes // 4, device="cuda")
-    return _in_turns(
-        {
-            "pageable -> cuda": lambda: gpu_dst.copy_(pageable),
-            "pinned -> cuda": lambda: gpu_dst.copy_(pinned),
-            "pinned -> cuda, non_blocking": lambda: gpu_dst.copy_(pinned, non_blocking=True),
-        },
-        nbytes=n_bytes,
-    )
-
-
 def main() -> int:
     """Run every demo and print what it measured; exit 1, with one sentence, without CUDA."""
     try:
@@ -226,9 +210,8 @@ def main() -> int:
         overlap,
         naive_timer,
         hidden_syncs,
-        h2d,
     ):
-        print(f"{demo.__name__}:", demo(), sep="\n" if demo in (pin_ways, h2d) else " ")
+        print(f"{demo.__name__}:", demo(), sep="\n" if demo is pin_ways else " ")
     return 0
 
 

@@ -65,7 +65,7 @@ KEYS: dict[str, str] = {
 QUOTED: dict[str, str] = {
     "allocator_vs_nvml": "cuda_context",
     "amp_speed": "amp_speedup",
-}  # h2d_bandwidth: 01 quotes pin_then_copy a few cells above its GPU cell, not twice
+}  # h2d_bandwidth: 01's pinning cell quotes pin_then_copy and shows this run beside it
 
 
 def find_results_dir(start: str | os.PathLike | None = None) -> Path | None:

@@ -14,65 +14,16 @@ from torch import nn
 
 from .. import memory
 from . import Feedback, checker
-from .answers import META, Given, checker_device
+from .answers import META, checker_device
 
-__all__ = ["check_build_on", "check_following_module", "check_shape_tensor"]
-
-
-@checker(answers=("shape_tensor",))
-def check_shape_tensor(shape_tensor: Callable[[torch.Tensor], torch.Tensor]) -> Feedback:
-    """Exercise 1 (the guide's broken snippet, fixed): ``shape_tensor(t)`` returns ``t.shape`` as
-    a 1-D int64 tensor on ``t``'s device."""
-    fb = Feedback("shape_tensor(t) returns t's shape as an int64 tensor on t's device")
-    fb.hint("t.get_device() is an int (-1 on the CPU); what else does a tensor know about itself?")
-    fb.fix("return torch.tensor(t.shape, device=t.device)")
-    cases = [torch.zeros(2, 3), torch.zeros(4, 5, 6, dtype=torch.float64, device=META)]
-    for t in cases:  # the learner's code gets a copy of t: changing it (t.resize_) is caught
-        with memory.measure("cpu") as on_cpu:  # for a meta t: nothing may be made on the CPU
-            out = fb.run(
-                f"shape_tensor(a {t.device} tensor)",
-                shape_tensor,
-                Given("t", t),
-                returns=torch.Tensor,
-            )
-        fb.expect(
-            t.device.type == "cpu" or on_cpu.peak_above_start_bytes == 0,
-            f"for a tensor on {t.device} the result was made on the CPU first "
-            f"({on_cpu.peak_above_start_bytes} bytes) and then copied: create it on t's device "
-            "(device=t.device), as this notebook teaches",
-            brief="the result is created on the CPU and copied to the device",
-        )
-        fb.expect(
-            out.device == t.device,
-            f"for a tensor on {t.device} the result is on {out.device}: pass device=t.device",
-            brief="the result is not on t's device",
-        )
-        fb.expect(
-            out.dtype == torch.int64,
-            f"the result has dtype {out.dtype}; sizes are whole numbers (int64)",
-            brief="the result has the wrong dtype",
-        )
-        fb.require(
-            tuple(out.shape) == (t.dim(),),
-            f"the result has shape {tuple(out.shape)}, expected ({t.dim()},)",
-            brief="the result has the wrong shape",
-        )
-        if t.device.type != "meta" and out.device.type != "meta" and not fb.problems:
-            fb.expect(
-                out.tolist() == list(t.shape),
-                f"the values are {out.tolist()}, expected {list(t.shape)}",
-                brief="the values are not t's sizes",
-            )
-        if fb.problems:
-            break
-    return fb
+__all__ = ["check_build_on", "check_following_module"]
 
 
 @checker(answers=("build",))
 def check_build_on(
     build: Callable[[torch.device], nn.Module], device: torch.device | str = "cpu"
 ) -> Feedback:
-    """Exercise 2: ``build(device)`` creates a model whose parameters start on ``device``, and
+    """Exercise 1: ``build(device)`` creates a model whose parameters start on ``device``, and
     leaves the default device as it found it.
 
     "Start on": the checker counts the CPU tensor memory ``build`` allocates (exactly, with
@@ -127,7 +78,7 @@ def check_build_on(
 def check_following_module(
     make: Callable[[int], nn.Module], device: torch.device | str = "cpu"
 ) -> Feedback:
-    """Exercise 3: ``make(features)`` returns a module with a registered buffer whose forward,
+    """Exercise 2: ``make(features)`` returns a module with a registered buffer whose forward,
     given ``(batch, features)``, creates any new tensors from its inputs or parameters.
 
     Checked by converting the module to float64 and to bfloat16 (a new float32 tensor made with

@@ -12,48 +12,9 @@ from .. import accounting
 from . import Feedback, checker
 from .answers import checker_device, describe, whole_number
 
-__all__ = ["check_matmul_peak", "check_peak_of", "check_tensor_bytes"]
+__all__ = ["check_matmul_peak", "check_peak_of"]
 
 _MiB = 2**20
-
-
-def _bytes_answer(fb: Feedback, answer: object) -> int | None:
-    """``answer`` as a whole number of bytes; a required problem on ``fb`` when it is not one."""
-    value = whole_number(answer)
-    fb.require(
-        value is not None,
-        f"give a whole number of bytes, not {describe(answer)}",
-        brief="the answer is not a whole number of bytes",
-    )
-    return value
-
-
-@checker(answers=("answer",))
-def check_tensor_bytes(answer: object) -> Feedback:
-    """Bytes of ``torch.zeros(1000, 3, 224, 224, dtype=torch.bfloat16)``."""
-    fb = Feedback("bytes of a 1000 x 3 x 224 x 224 bf16 tensor")
-    elements = 1000 * 3 * 224 * 224
-    expected = elements * 2
-    fb.hint("multiply the number of elements by the bytes per element")
-    fb.fix("torch.finfo(torch.bfloat16).bits // 8 gives the bytes per element: 2")
-    value = _bytes_answer(fb, answer)
-    if value == elements:
-        fb.fail(
-            "that is the number of elements; each bf16 element takes 2 bytes",
-            brief="that counts elements, not bytes",
-        )
-    if value == elements * 4:
-        fb.fail(
-            "that is the size in float32 (4 bytes per element); bfloat16 is 2 bytes",
-            brief="that is the size in another dtype",
-        )
-    if value is not None and value * 1000 == expected:
-        fb.fail(
-            "that is one 3 x 224 x 224 image; the tensor holds 1000 of them",
-            brief="that counts one image, not the whole tensor",
-        )
-    fb.expect(value == expected, f"{value:,} bytes is not right", brief="the number is wrong")
-    return fb
 
 
 _MATMUL = (512 * 256 * 4, 256 * 128 * 4, 512 * 128 * 4)  # bytes of a, b and a @ b (float32)
@@ -161,7 +122,7 @@ def _reads_of_delta() -> Iterator[list]:
 
 
 # -----------------------------------------------------------------------------
-# Exercise 3: debug a memory report (PyTorch's peak recipe, and what works without a GPU)
+# Exercise 2: debug a memory report (PyTorch's peak recipe, and what works without a GPU)
 
 
 def _block(device: torch.device, mib: int, kept: list, calls: list | None = None):
