@@ -688,7 +688,7 @@ def _grade(train_step: Callable, task: CapstoneTask, result: dict) -> Feedback:
 def _grade_calls(
     fb: Feedback, train_step: Callable, task: CapstoneTask, result: dict, batch: _Batch
 ) -> None:
-    # the learner's own name for the step (exercise 3 calls it colleague_step), in every message
+    # the learner's own name for the step (exercise 2 calls it tight_step), in every message
     name = getattr(train_step, "__name__", "")
     step = f"your {name}" if name.isidentifier() else "your train_step"
     tokens, labels = batch.given("tokens"), batch.given("labels")
