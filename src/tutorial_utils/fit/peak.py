@@ -157,7 +157,11 @@ def will_it_fit(
             f"lora_base must be 'bf16', 'nf4' (QLoRA, torchao) or 'bnb-nf4' (QLoRA, "
             f"bitsandbytes), not {lora_base!r}"
         )
-    if isinstance(lora_dropout, bool) or not 0 <= lora_dropout < 1:
+    if (
+        not isinstance(lora_dropout, int | float)
+        or isinstance(lora_dropout, bool)
+        or not (0 <= lora_dropout < 1)
+    ):
         raise ValueError(f"lora_dropout must be a probability in [0, 1), not {lora_dropout!r}")
     targets = inputs.lora_targets(lora_targets)
     if not (isinstance(nf4_chunk, int) and not isinstance(nf4_chunk, bool) and nf4_chunk == 0):
