@@ -69,9 +69,11 @@ def test_chunking_is_what_bounds_the_scratch():
 def test_the_quantizers_scratch_agrees_with_a_published_gpu_measurement():
     """pytorch/ao#315 (2024-06-04) quantized Llama 3 8B's head, an fp32 ``nn.Linear(4096,
     128256)`` on the GPU, with ``to_nf4`` and printed torchtune's memory stats: peak allocated
-    2.101346304 GB before, 37.865276416 GB after. The 35.76 GB between are 68.08 B a weight: the
-    weight's bf16 copy (2) and the scratch (66), as ``nf4_load_bytes`` counts them. Tolerance:
-    what neither counts, the block scales and the NF4 output (under 0.6 B of 68, 0.9 %)."""
+    2.101346304 GB before, 37.865276416 GB after. The 35.76 GB between are 68.08 B a weight:
+    torchao 0.1's ``to_nf4`` (torchtune's pin then, unchunked) first makes a bf16 copy
+    (``tensor.to(torch.bfloat16)``, 2 B), then the scratch (66), as ``nf4_load_bytes`` counts
+    them. Tolerance: what neither counts, the block scales and the NF4 output (under 0.6 B of
+    68, 0.9 %)."""
     n = 4096 * 128256
     published = 37.865276416e9 - 2.101346304e9
     assert abs((2 * n + nf4_quantize_bytes(n, 0)) / published - 1) < 0.009

@@ -91,9 +91,9 @@ def nf4_quantize_bytes(n: int, chunk: int = NF4_CHUNK) -> int:
     ``quantize_tensor_nearest`` compares each weight with the 16 codes: ``value - nf4`` is a
     (weights, 16) bf16 tensor (32 B a weight) and its ``.abs()`` another, both alive at once;
     chunked (``chunk`` > 0), on ``chunk`` weights at a time, into a uint8 index per weight
-    allocated first (1 B). (pytorch/ao#315, 2024-06-04, measured 68.1 B a weight, with the
-    weight's own bf16 copy, quantizing the 4096 x 128256 head of Llama 3 8B: 2.10 GB before,
-    37.87 GB at the peak; ``tests/test_fit_qlora.py`` holds this function to it.)
+    allocated first (1 B). (pytorch/ao#315, 2024-06-04, measured 68.1 B a weight with torchao
+    0.1, whose ``to_nf4`` first casts to bf16 (2 B), quantizing the 4096 x 128256 head of Llama
+    3 8B: 2.10 GB before, 37.87 GB at the peak; ``tests/test_fit_qlora.py`` holds this to it.)
     """
     if chunk <= 0 or chunk >= n:
         return 2 * n + 64 * n
