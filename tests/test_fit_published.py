@@ -195,7 +195,8 @@ _FRAGMENTATION = (
     "allocates 7.0 GB (states + torchao 0.1's whole-tensor scratch for one MLP weight, 68 B a "
     "weight); 224 scratch spikes of 1.1-3.0 GB between small persistent NF4 allocations leave "
     "segments the next spike cannot reuse. The course has no model of fragmentation (the "
-    "reserve term is a flat 5 %)"
+    "reserve term is a flat 5 %). Also left out: Llama-2-7b-hf's .bin files hold fp16, so the "
+    "load keeps an fp16 GPU copy beside to_nf4's bf16 cast (0.09 GB)"
 )
 _COMPILE = "torch.compile changes what is saved: eager mode only (a labelled band)"
 
