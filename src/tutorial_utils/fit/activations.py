@@ -10,13 +10,16 @@ multiply the block's figures by the number of layers. Nothing is allocated, at a
 answer is cached per shape.
 
 With LoRA the block's linears are frozen and each adapted one gains A and B (``_LoraLinear``,
-torchtune's LoRALinear without dropout): what autograd saves then is what a LoRA step saves.
+torchtune's LoRALinear, with its dropout when the recipe has one): what autograd saves then is
+what a LoRA step saves. Under QLoRA each frozen linear stores its weight in NF4 and makes a bf16
+copy for every matmul, forward and backward (``_Nf4Linear``), the way the recipe's library does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -91,22 +94,104 @@ def _run(module: nn.Module, x: torch.Tensor, checkpointing: str) -> torch.Tensor
     return checkpoint(module, x, use_reentrant=False, context_fn=contexts)
 
 
-class _LoraLinear(nn.Module):
-    """A frozen linear plus B(A(x)) for each of its output ``parts`` (torchtune's LoRALinear,
-    dropout 0 as its configs): the course's fused q/k/v matmul gets three adapters, as
-    torchtune's separate q, k and v projections do."""
+class _Nf4Dequantized(torch.autograd.Function):
+    """``x @ W.T`` for an NF4 weight: a bf16 copy of W is made for the matmul and dropped after
+    it, in forward and again in backward. ``layer.saves_input``: bitsandbytes' ``MatMul4Bit``
+    keeps its input for backward (``ctx.tensors = (A, B)``) although the frozen weight needs no
+    gradient; torchao's ``LinearNF4`` keeps only the NF4 weight."""
 
-    def __init__(self, base: nn.Linear, rank: int, parts=(), adapted=()):
+    @staticmethod
+    def forward(ctx, x, layer):
+        ctx.layer = layer
+        if layer.saves_input:
+            ctx.save_for_backward(x)
+        return F.linear(x, layer.dequantized(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad @ ctx.layer.dequantized(grad.dtype), None
+
+
+class _Nf4Linear(nn.Module):
+    """A frozen linear whose weight is stored in NF4 (QLoRA), as the recipe's library stores it.
+
+    ``"torchao"`` (torchtune's QLoRA): 4-bit codes two to a byte, an int8 scale per 64 weights
+    and a factor per 256 scales; ``weight.to(dtype)`` runs ``NF4Tensor.get_original_weight``,
+    replayed op for op in ``_torchao_weight`` (the same in torchao 0.1 and 0.18: int64 indices,
+    a codebook lookup per half, the scales repeated, the halves interleaved by ``torch.stack``).
+    ``"bnb"`` (bitsandbytes 0.41.1 under Lightning's ``BitsandbytesPrecision``, litgpt's QLoRA):
+    ``dequantize_4bit`` writes the weight in the dtype it was quantized from (fp16: Lightning
+    quantizes an fp16 copy) after an fp32 copy of the block scales, then ``.to(A.dtype)`` makes
+    the bf16 copy the matmul uses; and ``MatMul4Bit`` saves its input.
+    """
+
+    def __init__(self, base: nn.Linear, library: str):
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.library, self.saves_input = library, library == "bnb"
+        n = self.in_features * self.out_features
+        if n % 64:  # (torchao asserts it too)
+            raise ValueError(
+                f"NF4 quantizes blocks of 64 weights: a {self.in_features} x "
+                f"{self.out_features} linear has {n:,}, not a multiple of 64"
+            )
+        n_scales = n // 64
+        n_factors = math.gcd(n_scales, max(n_scales // 256, 1))  # one per 256 scales
+        self.register_buffer("packed", torch.empty(n // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.empty(n_scales, dtype=torch.int8))
+        self.register_buffer("factors", torch.empty(n_factors))
+        self.register_buffer("codes", torch.empty(16))
+        self.register_buffer("mean", torch.empty(()))
+
+    def _torchao_weight(self) -> torch.Tensor:
+        first = (self.packed >> 4).to(torch.long)
+        second = (self.packed & 0b1111).to(torch.long)
+        first_values, second_values = self.codes[first], self.codes[second]
+        scales = self.scales.view(self.factors.numel(), -1)
+        scales = (scales / self.factors.unsqueeze(-1)).flatten().to(self.codes.dtype) + self.mean
+        repeated = scales.unsqueeze(-1).expand(scales.numel(), 32)  # 64 weights: 32 bytes
+        first_scaled = first_values * repeated.flatten()
+        second_scaled = second_values * repeated.flatten()
+        halves = [first_scaled.unsqueeze(-1).T, second_scaled.unsqueeze(-1).T]
+        return torch.stack(halves, dim=-1).reshape(self.out_features, self.in_features)
+
+    def _bnb_weight(self) -> torch.Tensor:
+        scales = torch.empty(self.scales.shape, dtype=torch.float32, device=self.packed.device)
+        return torch.empty(
+            self.out_features, self.in_features, dtype=torch.float16, device=scales.device
+        )
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        w = self._bnb_weight() if self.library == "bnb" else self._torchao_weight()
+        return w.to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Nf4Dequantized.apply(x, self)
+
+
+#: ``Lora.base`` -> the library whose NF4 linear ``_Nf4Linear`` plays.
+NF4_LIBRARY = {"nf4": "torchao", "bnb-nf4": "bnb"}
+
+
+class _LoraLinear(nn.Module):
+    """A frozen linear plus B(A(dropout(x))) for each of its output ``parts`` (torchtune's
+    LoRALinear): the course's fused q/k/v matmul gets three adapters, as torchtune's separate
+    q, k and v projections do, behind one dropout, as litgpt's fused ``LoRAQKVLinear``."""
+
+    def __init__(self, base: nn.Module, rank: int, parts=(), adapted=(), dropout: float = 0.0):
         super().__init__()
         self.base = base.requires_grad_(False)
         self.parts = tuple(parts) or (base.out_features,)
         self.adapted = tuple(adapted) or (True,) * len(self.parts)
+        self.p = dropout
         wanted = [n for n, on in zip(self.parts, self.adapted, strict=True) if on]
         self.a = nn.ModuleList(nn.Linear(base.in_features, rank, bias=False) for _ in wanted)
         self.b = nn.ModuleList(nn.Linear(rank, n, bias=False) for n in wanted)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        low = iter([b(a(x)) for a, b in zip(self.a, self.b, strict=True)])
+        # CUDA's dropout kernel (a bool mask); on the CPU F.dropout would keep a mask in x's dtype
+        dropped = torch.native_dropout(x, self.p, True)[0] if self.p else x
+        low = iter([b(a(dropped)) for a, b in zip(self.a, self.b, strict=True)])
         parts = [
             next(low) if on else x.new_zeros(*x.shape[:-1], n)  # k unadapted: no adapter
             for n, on in zip(self.parts, self.adapted, strict=True)
@@ -115,18 +200,24 @@ class _LoraLinear(nn.Module):
 
 
 def with_lora(block: Block, cfg: DecoderConfig, lora: Lora) -> Block:
-    """``block`` frozen, with LoRA adapters on the linears ``lora.targets`` names."""
+    """``block`` frozen, its linears in NF4 under QLoRA, with LoRA adapters on the linears
+    ``lora.targets`` names."""
     block.requires_grad_(False)
     attn, mlp = block.attn, block.mlp
+    if lora.base in NF4_LIBRARY:
+        for parent in (attn, mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, _Nf4Linear(child, NF4_LIBRARY[lora.base]))
     kv = cfg.kv_heads * cfg.head_dim
     adapted = (True, False, True) if lora.targets == "qv" else (True, True, True)
-    attn.qkv = _LoraLinear(attn.qkv, lora.rank, (cfg.q_dim, kv, kv), adapted)
+    attn.qkv = _LoraLinear(attn.qkv, lora.rank, (cfg.q_dim, kv, kv), adapted, lora.dropout)
     if lora.targets != "qv":
-        attn.proj = _LoraLinear(attn.proj, lora.rank)
+        attn.proj = _LoraLinear(attn.proj, lora.rank, dropout=lora.dropout)
     if lora.targets == "all":
         for name in ("up", "gate", "down"):
             if hasattr(mlp, name):
-                setattr(mlp, name, _LoraLinear(getattr(mlp, name), lora.rank))
+                setattr(mlp, name, _LoraLinear(getattr(mlp, name), lora.rank, dropout=lora.dropout))
     return block
 
 
@@ -163,7 +254,7 @@ def _fake_pass(build, make_input, loss, precision: str, checkpointing: str) -> P
     with _booking_fake_mode_class()(acc):
         module = _fake_model(module, torch.device("cpu"), in_place=True)
         x = make_input()
-        acc.book([*module.parameters(), x])
+        acc.book([*module.parameters(), *module.buffers(), x])  # (NF4 weights are buffers)
         with acc:
             before = acc.current
             forward = acc.open_window()
@@ -242,6 +333,8 @@ def activations(
         if lora is not None:  # frozen, but fed by blocks whose adapters train
             head.requires_grad_(False)
             head.embed.register_forward_hook(lambda m, i, out: out.detach().requires_grad_())
+            if lora.base == "bnb-nf4" and not cfg.tied:  # Lightning replaces every nn.Linear
+                head.head = _Nf4Linear(head.head, "bnb")
         return head
 
     def loss(y):

@@ -7,8 +7,14 @@
 - **allocator reserve**: 5 % of the tensors' peak, kept for what the caching allocator reserves
   beyond what is allocated (rounding and fragmentation). This fraction is an ASSUMPTION, not a
   published figure: no published pair of ``max_memory_reserved`` and ``max_memory_allocated``
-  for a recipe the calculator models was found (torchtitan logs only the reserved peak), and
-  the course has no GPU recording of one yet. The reserve depends on the order of allocations
+  over a training step of a recipe the calculator models was found (torchtitan logs only the
+  reserved peak; litgpt only the allocated one), and the course has no GPU recording of one
+  yet. The pairs torchtune publishes are after model init, before any step: 13.98 against
+  13.96 GB for Llama 2 7B LoRA (``qlora_finetune.rst``, 0914d5cfb) and 6.27 against 6.21 GiB
+  for Llama 3.2 3B LoRA (``e2e_flow.rst``, 0cd8bc4ca), +0.1 % and +1.0 %: a lower bound, since
+  a step's activations and frees are what fragment. Its QLoRA row shows the other end: init
+  reserved 9.13 GB where the quantizing load allocates about 7.0 (``tests/test_fit_published``).
+  The reserve depends on the order of allocations
   (Edward Yang, "When does fragmentation occur in the CUDA caching allocator?", PyTorch
   dev-log, 2026-06-01). Measure yours: ``torch.cuda.max_memory_reserved()`` against
   ``torch.cuda.max_memory_allocated()``.

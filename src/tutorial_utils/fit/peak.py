@@ -40,7 +40,7 @@ from .headroom import HEADROOM
 from .profiles import Mesh, spread
 from .report import FitReport
 from .shapes import config, counts
-from .states import Lora, model_states
+from .states import NF4_CHUNK, Lora, model_states, nf4_load_bytes
 from .temporaries import step_temporaries
 
 __all__ = ["ABSURD_BYTES", "will_it_fit"]
@@ -96,6 +96,8 @@ def will_it_fit(
     lora_rank: int = 0,
     lora_targets: str = "attention",
     lora_base: str = "bf16",
+    lora_dropout: float = 0.0,
+    nf4_chunk: int = NF4_CHUNK,
     ce_chunks: int = 1,
     activation_offload: bool = False,
     cpu_offload: bool = False,
@@ -117,10 +119,12 @@ def will_it_fit(
     (``"RTX 4090"``) or a size (``"24GB"``) for the verdict. ``headroom=False`` leaves out the
     CUDA context and the allocator's reserve. The keyword knobs: ``optimizer_impl`` (foreach,
     torch's default on CUDA; fused; forloop), ``lora_rank`` (0: full training),
-    ``lora_targets``, ``lora_base`` ("bf16" or "nf4": QLoRA), ``ce_chunks``,
-    ``activation_offload``, ``cpu_offload`` (sharded states on the CPU: ZeRO-3/FSDP only),
-    ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per step), ``tp``,
-    ``pp``, ``cp``, ``pp_microbatches`` and FSDP2's ``reshard_after_forward`` and
+    ``lora_targets``, ``lora_base`` ("bf16"; "nf4": QLoRA with torchao, as torchtune;
+    "bnb-nf4": with bitsandbytes, as litgpt), ``lora_dropout``, ``nf4_chunk`` (weights
+    torchao quantizes at a time as the base loads; 0: a whole tensor, as torchao 0.1),
+    ``ce_chunks``, ``activation_offload``, ``cpu_offload`` (sharded states on the CPU:
+    ZeRO-3/FSDP only), ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per
+    step), ``tp``, ``pp``, ``cp``, ``pp_microbatches`` and FSDP2's ``reshard_after_forward`` and
     ``reduce_dtype`` ("param" or "fp32").
     """
     start = time.perf_counter()
@@ -148,9 +152,23 @@ def will_it_fit(
         raise ValueError(f"reduce_dtype must be 'param' or 'fp32', not {reduce_dtype!r}")
     if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 0:
         raise ValueError(f"lora_rank must be a whole number >= 0 (0: no LoRA), not {lora_rank!r}")
-    if lora_base not in ("bf16", "nf4"):
-        raise ValueError(f"lora_base must be 'bf16' or 'nf4' (QLoRA), not {lora_base!r}")
-    lora = Lora(lora_rank, inputs.lora_targets(lora_targets), lora_base) if lora_rank else None
+    if lora_base not in ("bf16", "nf4", "bnb-nf4"):
+        raise ValueError(
+            f"lora_base must be 'bf16', 'nf4' (QLoRA, torchao) or 'bnb-nf4' (QLoRA, "
+            f"bitsandbytes), not {lora_base!r}"
+        )
+    if (
+        not isinstance(lora_dropout, int | float)
+        or isinstance(lora_dropout, bool)
+        or not (0 <= lora_dropout < 1)
+    ):
+        raise ValueError(f"lora_dropout must be a probability in [0, 1), not {lora_dropout!r}")
+    targets = inputs.lora_targets(lora_targets)
+    if not (isinstance(nf4_chunk, int) and not isinstance(nf4_chunk, bool) and nf4_chunk == 0):
+        nf4_chunk = inputs.positive_int("nf4_chunk (0: a whole tensor at once)", nf4_chunk)
+    lora = (
+        Lora(lora_rank, targets, lora_base, float(lora_dropout), nf4_chunk) if lora_rank else None
+    )
     card = gpu if isinstance(gpu, cards.Gpu) or gpu is None else cards.gpu(gpu)
     if cfg.max_positions and seq > cfg.max_positions:
         raise ValueError(
@@ -263,15 +281,21 @@ def will_it_fit(
         name: fixed + sum(parts) + (computing if name != "optimizer step" else 0)
         for name, parts in moments.items()
     }
+    loading = lora is not None and lora.base != "bf16" and not cpu_offload
+    if loading:  # quantized on the GPU as it loads, before the optimizer has made its state
+        moments["loading the base"] = (0, nf4_load_bytes(cfg, lora), 0, 0)  # (whole, no TP)
+        peaks["loading the base"] = (
+            fixed - states["optimizer state"] + moments["loading the base"][1]
+        )
     at = max(peaks, key=peaks.__getitem__)
     acts, transient, grads_now, temps_now = moments[at]
     categories = {
         "weights": states["weights"],
         "gradients": grads_now,
         "master weights": states["master weights"],
-        "optimizer state": states["optimizer state"],
+        "optimizer state": states["optimizer state"] if at != "loading the base" else 0,
         "DDP buckets": share.buckets,
-        "gathered unit": computing if at != "optimizer step" else 0,
+        "gathered unit": computing if at not in ("optimizer step", "loading the base") else 0,
         "activations": acts,
         "transient": transient,
         "step temporaries": temps_now,
@@ -336,6 +360,8 @@ def will_it_fit(
             lora_rank=lora_rank,
             lora_targets=lora_targets,
             lora_base=lora_base,
+            lora_dropout=lora_dropout,
+            nf4_chunk=nf4_chunk,
             ce_chunks=ce_chunks,
             activation_offload=activation_offload,
             cpu_offload=cpu_offload,
@@ -369,7 +395,8 @@ def _extras(
     if optimizer_impl != "foreach":
         said.append(f"{optimizer_impl} step")
     if lora is not None:
-        base = "QLoRA (NF4 base)" if lora.base == "nf4" else "LoRA"
+        base = {"nf4": "QLoRA (NF4 base)", "bnb-nf4": "QLoRA (bitsandbytes NF4 base)"}
+        base = base.get(lora.base, "LoRA")
         said.append(f"{base} rank {lora.rank} on {lora.targets}")
     if ce_chunks > 1:
         said.append(f"cross-entropy in {ce_chunks} chunks")

@@ -15,6 +15,16 @@ them), for a precision recipe, an optimizer, and LoRA or QLoRA when only adapter
   NF4 (torchao's ``NF4Tensor``, as torchtune's QLoRA): 4 bits per weight, one int8 scale per
   block of 64 and one fp32 factor per 256 such scales: 0.5 + 1/64 + 1/4096 bytes per weight,
   for the blocks' linear weights; the embedding, norms and head stay in the recipe's dtype.
+  ``bnb-nf4`` (bitsandbytes' ``Linear4bit`` with double quantization, as litgpt's
+  ``--quantize bnb.nf4-dq``): the same bytes (a uint8 absmax per 64, an fp32 one per 256 of
+  those), and Lightning's ``BitsandbytesPrecision`` replaces every ``nn.Linear``, so an untied
+  head is NF4 too.
+- Loading a QLoRA base (``nf4_load_bytes``): the checkpoint's bf16 weights are quantized on the
+  GPU one linear at a time, so beside the whole model's states there is, for the largest linear,
+  its bf16 copy (2 B/weight), its old NF4 storage until the new one replaces it, and the
+  quantizer's scratch (``nf4_quantize_bytes``). torchtune's ``load_state_dict`` copies into an
+  ``NF4Tensor`` with ``to_nf4(bf16.to(device))`` (``_register_nf4_dispatch_ops``), and
+  Lightning's ``_Linear4bit._quantize_weight`` with ``w.to("cuda", torch.half)``.
 """
 
 from __future__ import annotations
@@ -26,7 +36,16 @@ from .. import formulas
 from ..decoder import DecoderConfig
 from .shapes import counts, lora_counts
 
-__all__ = ["STATES", "Lora", "States", "model_states", "nf4_bytes"]
+__all__ = [
+    "NF4_CHUNK",
+    "STATES",
+    "Lora",
+    "States",
+    "model_states",
+    "nf4_bytes",
+    "nf4_load_bytes",
+    "nf4_quantize_bytes",
+]
 
 STATES = ("weights", "gradients", "master weights", "optimizer state")
 
@@ -38,7 +57,9 @@ class Lora:
 
     rank: int
     targets: str = "attention"
-    base: str = "bf16"
+    base: str = "bf16"  # or "nf4" (torchao, torchtune's QLoRA) or "bnb-nf4" (bitsandbytes)
+    dropout: float = 0.0  # on the adapters' input (torchtune's and litgpt's default: 0.05)
+    nf4_chunk: int = 2**20  # weights torchao quantizes at a time (``NF4_CHUNK``); 0: all
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,42 @@ def nf4_bytes(n: int) -> int:
     """Bytes of ``n`` weights stored as NF4 (4 bits, an int8 scale per 64, fp32 per 256 scales)."""
     blocks = math.ceil(n / 64)
     return math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / 256)
+
+
+#: torchao's ``to_nf4`` finds each weight's nearest NF4 code 2**20 weights at a time since
+#: pytorch/ao#196 ("Perform quantization in Chunks", 2024-05-01, in torchao 0.2: "a huge memory
+#: spike when attempting to NF4'afy the very large tensors"); torchao 0.1 did a whole tensor.
+NF4_CHUNK = 2**20
+
+
+def nf4_quantize_bytes(n: int, chunk: int = NF4_CHUNK) -> int:
+    """Scratch torchao's ``to_nf4`` holds at its peak while it quantizes ``n`` bf16 weights.
+
+    ``convert_to_norm_float_weight`` keeps the scaled weights (2 B each) while
+    ``quantize_tensor_nearest`` compares each weight with the 16 codes: ``value - nf4`` is a
+    (weights, 16) bf16 tensor (32 B a weight) and its ``.abs()`` another, both alive at once;
+    chunked (``chunk`` > 0), on ``chunk`` weights at a time, into a uint8 index per weight
+    allocated first (1 B). (pytorch/ao#315, 2024-06-04, measured 68.1 B a weight with torchao
+    0.1, whose ``to_nf4`` first casts to bf16 (2 B), quantizing the 4096 x 128256 head of Llama
+    3 8B: 2.10 GB before, 37.87 GB at the peak; ``tests/test_fit_qlora.py`` holds this to it.)
+    """
+    if chunk <= 0 or chunk >= n:
+        return 2 * n + 64 * n
+    return 2 * n + n + 64 * chunk
+
+
+def nf4_load_bytes(cfg: DecoderConfig, lora: Lora) -> int:
+    """What loading a QLoRA base adds to the model's states, at the largest linear (see the
+    module's docstring): its bf16 (bitsandbytes: fp16) copy, its old NF4 storage and, under
+    torchao, the quantizer's scratch; bitsandbytes quantizes in one CUDA kernel, no scratch."""
+    h, q, kv = cfg.d_model, cfg.q_dim, cfg.kv_heads * cfg.head_dim
+    if lora.base == "bnb-nf4":  # litgpt fuses q, k and v into one linear; its head is NF4 too
+        linears = [h * (q + 2 * kv), h * cfg.ff] + ([] if cfg.tied else [h * cfg.vocab])
+    else:  # torchtune's q, k and v projections are three linears
+        linears = [h * q, h * kv, h * cfg.ff]
+    n = max(linears)
+    scratch = nf4_quantize_bytes(n, lora.nf4_chunk) if lora.base == "nf4" else 0
+    return 2 * n + nf4_bytes(n) + scratch
 
 
 def _adamw8bit(numels) -> int:
@@ -76,8 +133,10 @@ def model_states(
     else:
         n_lora, one_block = lora_counts(cfg, lora.rank, lora.targets)
         trainable = one_block * cfg.n_layers
-        if lora.base == "nf4":  # the blocks' linear weights quantized, the rest as the recipe
+        if lora.base in ("nf4", "bnb-nf4"):  # the linears quantized, the rest as the recipe
             linear = sum(n for n in c.block_tensors if n > cfg.d_model) * cfg.n_layers
+            if lora.base == "bnb-nf4" and not cfg.tied:
+                linear += cfg.vocab * cfg.d_model  # the head
             frozen_bytes = nf4_bytes(linear) + per["weights"] * (c.total - linear)
         else:
             frozen_bytes = per["weights"] * c.total

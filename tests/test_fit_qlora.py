@@ -1,0 +1,135 @@
+"""QLoRA's terms, measured: the quantizer's scratch as the base loads, and what an NF4 linear
+saves and makes in a step, each against the course's accountant on the CPU.
+
+Neither torchao nor bitsandbytes is a dependency of the course, so each mechanism is replayed in
+PyTorch's own ops, as the library's source reads (cited beside each), and measured with
+``memory.measure("cpu")``, which counts every tensor storage exactly: the calculator's term must
+equal what the replay holds, to the byte. One published GPU measurement checks the quantizer's
+term from outside (pytorch/ao#315).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tutorial_utils import fit, memory
+from tutorial_utils.fit.activations import _Nf4Linear
+from tutorial_utils.fit.states import nf4_quantize_bytes
+
+
+def _to_nf4_indices(weight: torch.Tensor, chunk: int) -> torch.Tensor:
+    """torchao's ``NF4Tensor.convert_to_norm_float_weight`` (0.1; 0.2 on with ``chunk``), op for
+    op: the absmax of each block of 64, the weights scaled by it, the nearest of the 16 codes
+    by ``(value - nf4).abs().min(dim=-1)``, two indices packed into a byte."""
+    n = weight.numel()
+    codes = torch.linspace(-1, 1, 16, dtype=weight.dtype)  # (the values do not matter here)
+    with memory.measure("cpu") as m:
+        blocks = weight.flatten().view(n // 64, 64)
+        scalers = blocks.abs().max(dim=1).values  # get_block_absmax
+        scaled = (blocks / scalers.unsqueeze(-1).expand(n // 64, 64)).flatten()
+
+        def nearest(value):  # quantize_tensor_nearest
+            diff = (value.unsqueeze(-1) - codes).abs()
+            return diff.min(dim=-1).indices
+
+        if chunk == 0:  # torchao 0.1
+            indices = nearest(scaled)
+        else:  # torchao 0.2 on (pytorch/ao#196)
+            indices = torch.empty(n, dtype=torch.uint8)
+            for start in range(0, n, chunk):
+                indices[start : start + chunk] = nearest(scaled[start : start + chunk]).to(
+                    torch.uint8
+                )
+        packed = (indices[::2] << 4 | indices[1::2]).to(torch.uint8)
+        del blocks, scalers, scaled, indices
+    assert packed.numel() == n // 2
+    return m.peak_above_start_bytes
+
+
+@pytest.mark.parametrize("chunk", [0, 4096])
+def test_the_quantizers_scratch_is_what_torchaos_ops_hold_to_the_byte(chunk):
+    """The scratch term, beside the block scales (2 B per 64 weights, which the term leaves out:
+    they are the NF4 tensor's own once it is made)."""
+    n = 128 * 256
+    weight = torch.randn(128, 256, dtype=torch.bfloat16)
+    measured = _to_nf4_indices(weight, chunk)
+    assert measured == nf4_quantize_bytes(n, chunk) + 2 * (n // 64)
+
+
+def test_chunking_is_what_bounds_the_scratch():
+    """So that the test above can fail for either version: whole, 66 B a weight; chunked, 3 B a
+    weight and 64 B per weight of one chunk."""
+    n = 45_088_768  # Llama 2 7B's MLP weight, 4096 x 11008
+    assert nf4_quantize_bytes(n, 0) == 66 * n
+    assert nf4_quantize_bytes(n, 2**20) == 3 * n + 64 * 2**20 < nf4_quantize_bytes(n, 0) // 10
+
+
+def test_the_quantizers_scratch_agrees_with_a_published_gpu_measurement():
+    """pytorch/ao#315 (2024-06-04) quantized Llama 3 8B's head, an fp32 ``nn.Linear(4096,
+    128256)`` on the GPU, with ``to_nf4`` and printed torchtune's memory stats: peak allocated
+    2.101346304 GB before, 37.865276416 GB after. The 35.76 GB between are 68.08 B a weight:
+    torchao 0.1's ``to_nf4`` (torchtune's pin then, unchunked) first makes a bf16 copy
+    (``tensor.to(torch.bfloat16)``, 2 B), then the scratch (66), as ``nf4_load_bytes`` counts
+    them. Tolerance: what neither counts, the block scales and the NF4 output (under 0.6 B of
+    68, 0.9 %)."""
+    n = 4096 * 128256
+    published = 37.865276416e9 - 2.101346304e9
+    assert abs((2 * n + nf4_quantize_bytes(n, 0)) / published - 1) < 0.009
+
+
+def _step(layer: nn.Module, d_in: int) -> tuple[int, int, int]:
+    """(held after forward, forward's peak above its start, the input's bytes) for one NF4
+    linear fed a fresh activation, the caller keeping only the output."""
+    x = torch.randn(2, 8, d_in, dtype=torch.bfloat16, requires_grad=True)
+    layer = layer.to(torch.bfloat16)
+    with memory.measure("cpu") as m:
+        h = x * 1  # an activation only this linear might keep
+        y = layer(h)
+        nbytes = h.untyped_storage().nbytes()
+        del h
+    held = m.delta_bytes - y.untyped_storage().nbytes()
+    y.sum().backward()
+    return held, m.peak_above_start_bytes, nbytes
+
+
+def test_bitsandbytes_keeps_the_frozen_linears_input_and_torchao_does_not():
+    """bitsandbytes 0.41.1's ``MatMul4Bit.forward``: ``ctx.tensors = (A, B)`` whenever an input
+    needs a gradient; torchao's ``LinearNF4`` saves only the NF4 weight. The weight is frozen
+    either way, so a bf16 ``nn.Linear`` would keep nothing."""
+    bnb, _, nbytes = _step(_Nf4Linear(nn.Linear(64, 128, bias=False), "bnb"), 64)
+    torchao, _, _ = _step(_Nf4Linear(nn.Linear(64, 128, bias=False), "torchao"), 64)
+    plain, _, _ = _step(nn.Linear(64, 128, bias=False).requires_grad_(False), 64)
+    assert (bnb, torchao, plain) == (nbytes, 0, 0)
+
+
+def test_bitsandbytes_dequantizes_into_an_fp16_and_a_bf16_copy():
+    """``F.dequantize_4bit(B, state).to(A.dtype)``: the fp16 copy (Lightning quantized from fp16)
+    and the bf16 one exist together, 4 B a weight, above the input."""
+    n = 64 * 128
+    _, peak, nbytes = _step(_Nf4Linear(nn.Linear(64, 128, bias=False), "bnb"), 64)
+    assert peak == nbytes + 4 * n
+
+
+def test_the_calculator_has_a_loading_moment_only_where_the_base_is_quantized():
+    """torchtune at 0914d5cfb (torchao 0.1, a whole tensor at once) peaks as the base loads;
+    today's torchao (2**20 weights at a time) peaks in the step; plain LoRA has no such moment."""
+    ask = dict(preset="llama-2-7b", batch=2, seq=1304, precision="pure-bf16", checkpointing="full")
+    whole = fit.will_it_fit(**ask, lora_rank=8, lora_base="nf4", nf4_chunk=0)
+    chunked = fit.will_it_fit(**ask, lora_rank=8, lora_base="nf4")
+    plain = fit.will_it_fit(**ask, lora_rank=8)
+    assert whole.peak_moment == "loading the base" != chunked.peak_moment
+    assert "loading the base" not in plain.peaks
+    assert whole.peak_bytes - chunked.peaks["loading the base"] == 45_088_768 * 63 - 64 * 2**20
+
+
+def test_bad_nf4_knobs_get_one_sentence():
+    with pytest.raises(ValueError, match="lora_base must be"):
+        fit.will_it_fit("llama-2-7b", lora_rank=8, lora_base="nf8")
+    with pytest.raises(ValueError, match="lora_dropout must be"):
+        fit.will_it_fit("llama-2-7b", lora_rank=8, lora_dropout=1.5)
+    with pytest.raises(ValueError, match="nf4_chunk"):
+        fit.will_it_fit("llama-2-7b", lora_rank=8, lora_base="nf4", nf4_chunk=-1)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        _Nf4Linear(nn.Linear(3, 5), "torchao")
