@@ -36,7 +36,7 @@ import pytest
 import torch
 from conftest import load_file
 
-from tutorial_utils import devices
+from tutorial_utils import devices, formulas
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 GUARDED = ("00", "01", "02", "03", "04", "05", "06", "07", "08")
@@ -405,21 +405,24 @@ def test_notebook_07s_checks_pass_where_their_claims_hold(markers, world):
 
 def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
     """Notebook 08's two stages after GPipe and 1F1B with m = 8, holding ``gpipe_held`` and
-    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right."""
+    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right. The cell
+    compares them with ``pipeline_in_flight``, the formula notebook 10 reads."""
     m, one = 8, 327_680
     gpipe_order = [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
     right = {"max_grad_diff": 0.0, "grad_tol": 1e-3, "left_bytes": 0}
     reports = {
         rank: {
+            "m": m,
             "compare": {
                 "one_microbatch_bytes": one,
                 "GPipe": {**right, "order": gpipe_order, "peak_bytes": gpipe_held * one},
                 "1F1B": {**right, "order": [], "peak_bytes": f1b_held[rank] * one},
-            }
+            },
         }
         for rank in range(2)
     }
-    return {"pipe": types.SimpleNamespace(reports=reports), "cmp_m": m}
+    pipe = types.SimpleNamespace(reports=reports)
+    return {"pipe": pipe, "pipeline_in_flight": formulas.pipeline_in_flight}
 
 
 def test_notebook_08s_activation_check_passes_the_right_counts():
