@@ -36,7 +36,7 @@ import pytest
 import torch
 from conftest import load_file
 
-from tutorial_utils import devices
+from tutorial_utils import devices, formulas
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 GUARDED = ("00", "01", "02", "03", "04", "05", "06", "07", "08")
@@ -405,21 +405,24 @@ def test_notebook_07s_checks_pass_where_their_claims_hold(markers, world):
 
 def _pipeline_activations(gpipe_held: int, f1b_held: tuple[int, int]):
     """Notebook 08's two stages after GPipe and 1F1B with m = 8, holding ``gpipe_held`` and
-    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right."""
+    ``f1b_held`` micro-batches' activations at their peaks; orders and gradients right. The cell
+    compares them with ``pipeline_in_flight``, the formula notebook 10 reads."""
     m, one = 8, 327_680
     gpipe_order = [f"F{i}" for i in range(m)] + [f"B{i}" for i in range(m)]
     right = {"max_grad_diff": 0.0, "grad_tol": 1e-3, "left_bytes": 0}
     reports = {
         rank: {
+            "m": m,
             "compare": {
                 "one_microbatch_bytes": one,
                 "GPipe": {**right, "order": gpipe_order, "peak_bytes": gpipe_held * one},
                 "1F1B": {**right, "order": [], "peak_bytes": f1b_held[rank] * one},
-            }
+            },
         }
         for rank in range(2)
     }
-    return {"pipe": types.SimpleNamespace(reports=reports), "cmp_m": m}
+    pipe = types.SimpleNamespace(reports=reports)
+    return {"pipe": pipe, "pipeline_in_flight": formulas.pipeline_in_flight}
 
 
 def test_notebook_08s_activation_check_passes_the_right_counts():
@@ -886,8 +889,9 @@ def _offloading(monkeypatch=None):
 
 
 def _tp_activations(monkeypatch=None, fused_keeps_scores=False, mutate=True):
-    """Notebook 10 section 2's activations, as its tensor_parallel.py run on 2 gloo ranks
-    measured them (bytes per rank; ``saved_fused`` with scaled_dot_product_attention). With
+    """Notebook 10 section 2's activations (its cell computes the formulas, then checks them), as
+    its tensor_parallel.py run on 2 gloo ranks measured them (bytes per rank; ``saved_fused``
+    with scaled_dot_product_attention). With
     ``fused_keeps_scores``, an SDPA that saves the (s, s) matrix as the explicit softmax does;
     with ``monkeypatch``, section 4's ``Cluster.activations`` counts every attention as explicit.
     """
@@ -904,7 +908,6 @@ def _tp_activations(monkeypatch=None, fused_keeps_scores=False, mutate=True):
         monkeypatch.setattr(wp.Cluster, "activations", explicit)
     namespace = {"tp": types.SimpleNamespace(reports={0: rep, 1: rep}), "t": 2, "wp": wp}
     namespace["single"] = rep["single"]
-    _run("10", ("def activation_formula(",), namespace)
     return namespace
 
 
@@ -916,13 +919,13 @@ def test_notebook_10s_activation_check_passes_what_the_ranks_measured(monkeypatc
 
 
 def _cluster_of_10(monkeypatch, mutate=True):
-    """Notebook 10 section 4's cluster, fitted to the reports its runs gave (recorded in
+    """Notebook 10 section 4's cluster cell, given the reports its runs gave (recorded in
     tests/data/notebook_10_reports.json). With ``mutate``, a fit whose 2-D mesh sends the whole
     batch's activations over tp, as TP alone does, though each tp group sees only its dp share
     (the old check, the 2-D traffic against TP's over dp, was the fit's arithmetic twice)."""
     wp = _script("which_parallelism")
     recorded = json.loads((Path(__file__).parent / "data" / "notebook_10_reports.json").read_text())
-    reports = {k: {int(r): rep for r, rep in recorded[k].items()} for k in ("zero", "tp", "mesh2d")}
+    reports = {k: {int(r): rep for r, rep in recorded[k].items()} for k in ("tp", "mesh2d")}
     if mutate:
         real = wp.Cluster.fit
 
@@ -933,13 +936,11 @@ def _cluster_of_10(monkeypatch, mutate=True):
             return self
 
         monkeypatch.setattr(wp.Cluster, "fit", fit)
-    gib = 2**30  # section 4's cluster: 32 blocks of h = 4096, 8 x 40 GiB, 8 sequences of 2,048
-    cluster = wp.Cluster(32, 4096, 32, 8, 2048, 8, budget=40 * gib, headroom=4 * gib)
-    cluster.fit(reports["zero"], reports["tp"], reports["mesh2d"])
-    return {"cluster": cluster, "wp": wp, "m2": reports["mesh2d"][0], "GiB": gib}
+    runs = {k: types.SimpleNamespace(reports=reports[k]) for k in ("tp", "mesh2d")}
+    return {"wp": wp, "m2": reports["mesh2d"][0], **runs}  # the cell builds and fits the cluster
 
 
-CLUSTER_CHECK = ("def fitting(totals, i):",)
+CLUSTER_CHECK = ("closed_parts = {",)
 
 
 FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)

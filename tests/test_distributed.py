@@ -603,7 +603,6 @@ COURSE_SCRIPTS = {
     "tensor_parallel.py": [],
     "fsdp_depth.py": ["--checkpoint-dir", "{tmp}/dcp"],
     "mesh_2d.py": [],
-    "track_runs.py": [],  # 10 §4: zero_stages.py and pipeline_gpipe.py in one launch
     "ddp_seen.py": ["--trace-dir", "{tmp}", "--time-step"],  # 07 §4, then §5's timings
     "ddp_step_time.py": [],  # 07 runs its measurement inside ddp_seen.py; alone, for a terminal
     "ring_attention.py": [],  # 12 §1

@@ -252,3 +252,43 @@ def test_a_config_that_is_not_a_decoder_config_is_named():
         formulas.block_activation_bytes(CFG, 1, 8, 3)
     with pytest.raises(TypeError, match="fp32_grads must be True or False"):
         formulas.model_state_bytes(10, "bf16-master", fp32_grads="yes")
+
+
+def test_zero_rank_bytes_is_the_playbooks_table_in_fp32():
+    psi, n = 1200, 4
+    ddp, z1, z2, z3 = (formulas.zero_rank_bytes(s, psi, n) for s in formulas.ZERO_SETUPS[:4])
+    assert (ddp["params"], ddp["grads"], ddp["state"]) == (4 * psi, 4 * psi, 8 * psi)
+    assert (z1["params"], z1["grads"], z1["state"]) == (4 * psi, 4 * psi, 8 * psi // n)
+    for z in (z2, z3):
+        assert (z["params"], z["grads"], z["state"]) == (psi, psi, 2 * psi)  # 16Ψ/N in all
+    assert [z["gathered"] for z in (ddp, z1, z2, z3)] == [0, 0, 4 * psi, 0]
+    assert [z["moved"] // (4 * psi) for z in (ddp, z1, z2, z3)] == [2, 3, 2, 3]
+    assert formulas.zero_rank_bytes("ZeRO-3 bf16", psi, n)["moved"] == 8 * psi
+
+
+def test_zero_rank_bytes_counts_adams_step_per_tensor_and_an_uneven_split():
+    # notebook 09's MLP: 3 Linear(256, 256), rank 0 of 2 owns the two 65,536-element weights
+    psi, tensors = 3 * (256 * 256 + 256), 6
+    z1 = formulas.zero_rank_bytes("ZeRO-1", psi, 2, tensors=tensors, owned=(131_072, 2))
+    assert z1["state"] == 8 * 131_072 + 4 * 2 == 1_048_584  # what 09 measured on rank 0
+    assert formulas.zero_rank_bytes("ZeRO-3", psi, 2, tensors=tensors)["state"] == 789_528
+
+
+def test_pipeline_in_flight_is_m_for_gpipe_and_p_minus_stage_for_1f1b():
+    assert [formulas.pipeline_in_flight("GPipe", 8, 2, s) for s in (0, 1)] == [8, 8]
+    assert [formulas.pipeline_in_flight("1F1B", 8, 2, s) for s in (0, 1)] == [2, 1]
+    assert formulas.pipeline_in_flight("1F1B", 2, 4, 0) == 2  # never more than m
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: formulas.zero_rank_bytes("ZeRO-4", 10, 2), "setup must be one of"),
+        (lambda: formulas.zero_rank_bytes("DDP", 10, 0), "n must be a whole number >= 1"),
+        (lambda: formulas.pipeline_in_flight("GPipe", 4, 2, 2), "stage must be 0 to p - 1"),
+        (lambda: formulas.pipeline_in_flight("interleaved", 4, 2, 0), "schedule must be one"),
+    ],
+)
+def test_zero_and_pipeline_formulas_refuse_bad_input_in_one_sentence(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()

@@ -149,7 +149,7 @@ ROWS: tuple[Row, ...] = (
         "is not measured by any cell"),
     Row(19, "model parallelism is slower", "misleading",
         (code("08", r"assert run\[\"max_grad_diff\"\] < run\[\"grad_tol\"\]"),
-         code("08", r"assert gp\[\"order\"\] ==")),
+         code("08", r"assert gpipe_order ==")),
         "pipelined micro-batches (torch.distributed.pipelining) run on 2 CPU ranks: gradients "
         "equal one process's, GPipe's order checked; the idle time is drawn by a simulator"),
     Row(20, "the model_parallel class", "wrong",

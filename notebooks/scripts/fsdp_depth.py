@@ -78,22 +78,31 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def meta_init(mesh, device: torch.device) -> dict:
-    """Build on the meta device (no storage at all), shard, then allocate only the shards with
-    to_empty and fill them from rank 0's full state dict (broadcast shard by shard)."""
-    reference = build_model().to(device)  # what rank 0 would load from disk
+def build_on_meta() -> nn.Sequential:
+    """The model's shapes on the meta device: no storage at all."""
     with torch.device("meta"):
-        model = build_model()
+        return build_model()
+
+
+def materialize(model: nn.Sequential, mesh, device: torch.device, full_sd: dict) -> None:
+    """Shard, allocate only the shards with to_empty, and fill them from rank 0's full state
+    dict (``full_sd``; empty on the other ranks), broadcast shard by shard."""
+    shard(model, mesh)
+    model.to_empty(device=device)  # each rank allocates its shards only, uninitialised
+    set_model_state_dict(
+        model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+
+
+def meta_init(mesh, device: torch.device) -> dict:
+    """build_on_meta, then materialize: the bytes each step leaves on this rank."""
+    reference = build_model().to(device)  # what rank 0 would load from disk
+    model = build_on_meta()
     # Bytes with a real address behind them (a meta tensor's storage has data_ptr 0), and the
     # bytes the shapes describe: all of the model, none of it allocated.
     meta_bytes = sum(local_bytes(p) for p in model.parameters() if p.untyped_storage().data_ptr())
     described_bytes = sum(local_bytes(p) for p in model.parameters())
-    shard(model, mesh)
-    model.to_empty(device=device)  # each rank allocates its shards only, uninitialised
-    full_sd = reference.state_dict() if dist.get_rank() == 0 else {}
-    set_model_state_dict(
-        model, full_sd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    )
+    materialize(model, mesh, device, reference.state_dict() if dist.get_rank() == 0 else {})
     diff = max(
         (p.full_tensor() - q).abs().max().item()
         for p, q in zip(model.parameters(), reference.parameters(), strict=True)

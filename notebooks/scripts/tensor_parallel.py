@@ -124,16 +124,13 @@ def plans() -> tuple[dict, dict, dict]:
         "mlp.fc1": ColwiseParallel(),
         "mlp.fc2": RowwiseParallel(),
     }
-    sp = {
-        "attn_norm": SequenceParallel(),  # the norm runs on this rank's part of the sequence
+    sp = {  # the same Linears; the norms on this rank's part of the sequence
+        **tp,
+        "attn_norm": SequenceParallel(),
         "attn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "attn.q": ColwiseParallel(),
-        "attn.k": ColwiseParallel(),
-        "attn.v": ColwiseParallel(),
         "attn.o": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter along the sequence
         "mlp_norm": SequenceParallel(),
         "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "mlp.fc1": ColwiseParallel(),
         "mlp.fc2": RowwiseParallel(output_layouts=Shard(1)),
     }
     per_linear = {k: v for k, v in tp.items() if k != "attn"}

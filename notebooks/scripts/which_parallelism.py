@@ -1,9 +1,10 @@
-"""Notebook 10 §4: the track's decision table and one model on one cluster, from the runs' reports.
+"""Notebook 10 §4: the track's decision table and one model on one cluster.
 
-Not a torchrun script: the notebook imports it and passes what each run reported, a dict
-rank -> report (``zero_stages.py`` and ``pipeline_gpipe.py`` through ``track_runs.py``,
-``tensor_parallel.py``, ``mesh_2d.py``). Everything here is bookkeeping on what those runs
-measured; the notebook checks the results against closed forms.
+Not a torchrun script: the notebook imports it and passes what its own runs reported, a dict
+rank -> report (``tensor_parallel.py``, ``mesh_2d.py``). DDP, ZeRO and pipelines are not run
+again: their rows come from ``tutorial_utils.formulas``, the functions notebooks 09 (sections 1
+and 2) and 08 (section 4) prove equal to their runs to the byte. Everything here is
+bookkeeping; the notebook checks the results against closed forms.
 """
 
 from __future__ import annotations
@@ -12,20 +13,23 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pipeline_gpipe  # notebook 08's model: what a pipeline stage holds
+from tutorial_utils.formulas import pipeline_in_flight, zero_rank_bytes
 
 GiB = 2**30
+PIPELINE_M = 8  # notebook 08 section 4's micro-batches
 
 
-def state(run: dict) -> int:
+def state(z: dict) -> int:
     """Bytes of parameters (at rest), gradients and Adam state on one rank."""
-    return run["params_at_rest"] + run["grads"] + run["optimizer_state"]
+    return z["params"] + z["grads"] + z["state"]
 
 
-def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str]]:
-    """approach: (measured on, what a rank holds, what it moves per step, pick it when)."""
-    psi = zero[0]["psi"]
-    runs = zero[0]["results"]
+def decision_table(tp, mesh2d) -> dict[str, tuple[str, str, str, str]]:
+    """approach: (where it was measured, what a rank holds, what it moves per step, pick it when),
+    for section 1's block on the runs' 2 ranks."""
+    one, world = tp[0]["single"], tp[0]["world"]
+    psi = one["params"] // 4
+    ddp = zero_rank_bytes("DDP", psi, world)
     table = {}
     for setup, when in (
         ("DDP", "a training state that fits one device: the default (notebook 07)"),
@@ -33,28 +37,32 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
         ("ZeRO-2", "gradients that do not fit either; a step still gathers every parameter"),
         ("ZeRO-3", "parameters that do not fit either; fast links pay for its 1.5x DDP's traffic"),
     ):
-        fuller = max(state(rep["results"][setup]) for rep in zero.values())
-        gathered = runs[setup]["gathered_between_fwd_bwd"]
-        held = f"{fuller / state(runs['DDP']):.0%} of the training state"
-        held += f", +{gathered / (4 * psi):.0%} of the parameters gathered in a step" * bool(
-            gathered
+        z = zero_rank_bytes(setup, psi, world)
+        held = f"{state(z) / state(ddp):.0%} of the training state"
+        held += f", +{z['gathered'] / (4 * psi):.0%} of the parameters gathered in a step" * bool(
+            z["gathered"]
         )
-        moved = runs[setup]["comm"]["weighted_bytes"] / (4 * psi)
-        table[setup] = ("09's MLP", held, f"{moved:.0f}x the parameters' bytes", when)
+        table[setup] = (
+            "09 s. 1-2",
+            held,
+            f"{z['moved'] / (4 * psi):.0f}x the parameters' bytes",
+            when,
+        )
 
-    m_pp = pipe[0]["m"]
-    boundary = 2 * pipeline_gpipe.BATCH * pipeline_gpipe.WIDTH * 4  # the activation, its gradient
     for name, when in (
         ("GPipe", "deep models over slow links (between machines); pays the bubble (p-1)/(m+p-1)"),
         ("1F1B", "as GPipe, holding activations of at most p micro-batches (notebook 08)"),
     ):
-        c = pipe[0]["compare"][name]
-        in_flight = c["peak_bytes"] // (pipe[0]["compare"]["GPipe"]["peak_bytes"] // m_pp)
-        held = f"{stage_share():.0%} of the layers; at its peak, stage 0 the activations of "
-        held += f"{in_flight} of {m_pp} micro-batches"
-        table[f"PP, {name}"] = ("08's MLP", held, f"{boundary:,} B to a neighbour (shapes)", when)
+        in_flight = pipeline_in_flight(name, PIPELINE_M, world, 0)
+        held = f"1/{world} of the layers; at its peak, stage 0 the activations of "
+        held += f"{in_flight} of {PIPELINE_M} micro-batches"
+        table[f"PP, {name}"] = (
+            "08 s. 4",
+            held,
+            "1 activation and its gradient, to a neighbour",
+            when,
+        )
 
-    one = tp[0]["single"]
     for name, when in (
         ("TP", "layers too big or too slow for one device; fast links only (inside a machine)"),
         ("TP+SP", "as TP, and long sequences: fewer activations for the same traffic"),
@@ -67,12 +75,12 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
         )
         held = f"{r['params'] / one['params']:.0%} of the parameters, "
         held += f"{r['saved'] / one['saved']:.0%} of the activations"
-        table[name] = ("block (s. 1)", held, f"{moved} of an activation", when)
+        table[name] = ("10 s. 1-2", held, f"{moved} of an activation", when)
 
     m2 = mesh2d[0]
     tp_calls = sum(m2[ph]["tp all_reduce"]["calls"] for ph in ("forward_comm", "backward_comm"))
     table["2-D, FSDP2 x TP"] = (
-        "2 blocks (s. 3)",
+        "10 s. 3 (2 blocks)",
         f"{m2['param_bytes'] / m2['single_param_bytes']:.0%} of the parameters",
         f"dp: {dp_factor(m2):.0f}x a tp rank's parameters; tp: {tp_calls} all-reduces",
         "many machines: TP inside each (fast links), FSDP2 across them",
@@ -82,16 +90,9 @@ def decision_table(zero, pipe, tp, mesh2d) -> dict[str, tuple[str, str, str, str
 
 def print_table(table: dict) -> None:
     for approach, (model_run, held, moved, when) in table.items():
-        print(f"{approach:<16} {model_run:<16} holds {held}")
-        print(f"{'':<16} {'':<16} moves {moved}")
-        print(f"{'':<16} {'':<16} for   {when}")
-
-
-def stage_share() -> float:
-    """The share of notebook 08's parameters that stage 0 of 2 holds."""
-    model = pipeline_gpipe.build_model()
-    stage = pipeline_gpipe.stage_layers(model, 0, 2)
-    return sum(p.numel() for p in stage.parameters()) / sum(p.numel() for p in model.parameters())
+        print(f"{approach:<16} {model_run:<19} holds {held}")
+        print(f"{'':<16} {'':<19} moves {moved}")
+        print(f"{'':<16} {'':<19} for   {when}")
 
 
 def tp_local(m2: dict) -> int:
@@ -157,7 +158,7 @@ class Cluster:
         recomputed at a time in backward (with fused attention)."""
         return self.blocks * 4 * self.seq * b * self.hidden + self.activations(b, t)
 
-    def fit(self, zero, tp, mesh2d) -> Cluster:
+    def fit(self, tp, mesh2d) -> Cluster:
         """Scale the runs' measurements to this model and cluster; fill `parts` and `totals`."""
         m2 = mesh2d[0]
         scale = self.hidden // m2["H"]  # the runs' blocks had h = 64
@@ -169,36 +170,12 @@ class Cluster:
         self.n_split = self.blocks * sum(at_target[n] for n in split_names)
         n_dev, L = self.devices, self.blocks
 
-        psi, n_tensors, world = (zero[0][k] for k in ("psi", "tensors", "world"))
-        runs = {rank: rep["results"] for rank, rep in zero.items()}
-
-        def held_at_rest(setup, cat):  # mean bytes per rank between steps, no step counters
-            total = 0
-            for r in runs:
-                run = runs[r][setup]
-                if cat == "state":
-                    total += run["optimizer_state"] - 4 * run.get("owned_tensors", n_tensors)
-                else:
-                    total += run["params_at_rest" if cat == "params" else "grads"]
-            return total / len(runs)
-
-        layer_bytes = 4 * psi / 3  # notebook 09's MLP: 3 equal Linears
-        for setup in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
-            state_t = 0.0
-            for cat in ("params", "grads", "state"):
-                full_ = held_at_rest("DDP", cat)  # nothing sharded
-                sharded = (1 - held_at_rest(setup, cat) / full_) * world / (world - 1)
-                state_t += full_ / psi * self.psi * ((1 - sharded) + sharded / n_dev)
-            run = runs[0][setup]
-            if run["gathered_between_fwd_bwd"]:  # ZeRO-2: every layer whole fwd to bwd
-                gathered = run["gathered_between_fwd_bwd"] / (4 * psi) * 4 * self.psi
-            elif setup == "ZeRO-3":  # one unit at a time (measured), and the one prefetched
-                gathered = 2 * max(run["gathered_at_forward"]) / layer_bytes * 4 * block_psi
-            else:
-                gathered = 0.0
-            comm = run["comm"]["weighted_bytes"] / (4 * psi) * 4 * self.psi
-            parts = (f"dp={n_dev}", state_t, gathered, (self.batch // n_dev, 1), comm, 0.0)
-            self.parts[setup] = parts
+        for setup in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):  # notebook 09's formulas, N ranks
+            z = zero_rank_bytes(setup, self.psi, n_dev)
+            # ZeRO-3: one block gathered at a time (09 s. 1), and the next, prefetched (09 s. 4)
+            gathered = 2 * 4 * block_psi if setup == "ZeRO-3" else z["gathered"]
+            b = (self.batch // n_dev, 1)
+            self.parts[setup] = (f"dp={n_dev}", state(z), gathered, b, z["moved"], 0.0)
 
         def shards(name, sizes):  # how many pieces the 2-D run cut tensor `name` into
             layout = m2["layout"][f"0.{name}"]  # [[mesh dimension, placement kind], ...]

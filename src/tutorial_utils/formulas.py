@@ -15,6 +15,10 @@ notebook (and in ``tests/test_formulas.py``). Nothing here runs a model.
   attention term either way (fused by default).
 - ``block_activation_bytes``: what one decoder block saves for backward, the course block's
   version of Korthikanti et al. (2022)'s count.
+- ``zero_rank_bytes``: what one rank keeps and moves under DDP and each ZeRO stage (notebook
+  09 measures it to the byte; notebook 10's decision table reads it).
+- ``pipeline_in_flight``: the micro-batches whose activations a pipeline stage holds at its peak
+  under GPipe or 1F1B (notebook 08 measures it; notebook 10 reads it).
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ __all__ = [
     "PRECISIONS",
     "STATE_ELEMENT_BYTES",
     "ATTENTION_KINDS",
+    "PIPELINE_SCHEDULES",
+    "ZERO_SETUPS",
     "ModelStates",
     "attention_saved_bytes",
     "block_activation_bytes",
     "decoder_parameters",
     "korthikanti_bytes",
     "model_state_bytes",
+    "pipeline_in_flight",
     "playbook_parameters",
     "tiny_transformer_parameters",
+    "zero_rank_bytes",
 ]
 
 
@@ -325,3 +333,69 @@ def block_activation_bytes(cfg: DecoderConfig, batch: int, seq: int, element_byt
         return tokens * per_token
     per_token += h * e  # the output projection's input (a copy: matmul's output is transposed)
     return tokens * per_token + batch * a * seq * seq * e + seq * seq
+
+
+#: Notebook 09's data-parallel setups, fp32 parameters and Adam; "ZeRO-3 bf16" computes in bf16
+#: (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``).
+ZERO_SETUPS = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "ZeRO-3 bf16")
+
+
+def zero_rank_bytes(
+    setup: str, psi: int, n: int, *, tensors: int = 0, owned: tuple[int, int] | None = None
+) -> dict[str, int]:
+    """What one of ``n`` ranks keeps and moves under ``setup``, for ``psi`` fp32 parameters in
+    ``tensors`` tensors trained with Adam. Notebook 09 sections 1 and 2 measure every value.
+
+    - ``params``, ``grads``, ``state``: bytes kept between steps. DDP and ZeRO-1 keep 4Ψ of
+      parameters and of gradients, ZeRO-2 and ZeRO-3 a shard, 4Ψ/N (as FSDP2 does it). Adam keeps
+      8 bytes per element the rank steps and a 4-byte ``step`` per tensor: every tensor's (a
+      shard of each) from ZeRO-2 on, and under ZeRO-1 only the ``owned`` (elements, tensors).
+      ``ZeroRedundancyOptimizer`` gives each rank whole tensors, so its split is uneven: pass
+      what the rank owns; the default is the Playbook's even split, ``(psi // n, tensors // n)``.
+    - ``gathered``: parameter bytes held whole from forward to backward: ZeRO-2's 4Ψ
+      (``reshard_after_forward=False``); ZeRO-3 gathers one layer at a time and frees it.
+    - ``moved``: the bytes of one step's collectives, an all-reduce weighed 2 (a reduce-scatter
+      and an all-gather): DDP 2 x 4Ψ; ZeRO-1 3 x 4Ψ (PyTorch's sits on DDP's all-reduce, then
+      each owner broadcasts its parameters); ZeRO-2 2 x 4Ψ (reduce-scatter the gradients, gather
+      the parameters once); ZeRO-3 3 x 4Ψ (gather in forward and again in backward); ZeRO-3 bf16
+      (2 + 2 + 4)Ψ (bf16 all-gathers, an fp32 reduce-scatter).
+    """
+    if setup not in ZERO_SETUPS:
+        raise ValueError(f"setup must be one of {ZERO_SETUPS}, not {setup!r}")
+    psi, n, tensors = _count("psi", psi, 1), _count("n", n, 1), _count("tensors", tensors)
+    if owned is None:
+        owned = (psi // n, tensors // n)
+    mine, my_tensors = (_count(f"owned[{i}]", v) for i, v in enumerate(owned))
+    whole = 4 * psi
+    if setup in ("DDP", "ZeRO-1"):
+        kept = {"params": whole, "grads": whole}
+        stepped = (psi, tensors) if setup == "DDP" else (mine, my_tensors)
+    else:
+        kept = {"params": whole // n, "grads": whole // n}
+        stepped = (psi // n, tensors)
+    moved = {"DDP": 2, "ZeRO-1": 3, "ZeRO-2": 2, "ZeRO-3": 3, "ZeRO-3 bf16": 2}[setup] * whole
+    return {
+        **kept,
+        "state": 8 * stepped[0] + 4 * stepped[1],
+        "gathered": whole if setup == "ZeRO-2" else 0,
+        "moved": moved,
+    }
+
+
+#: The schedules ``pipeline_in_flight`` knows: ``ScheduleGPipe`` and ``Schedule1F1B``.
+PIPELINE_SCHEDULES = ("GPipe", "1F1B")
+
+
+def pipeline_in_flight(schedule: str, m: int, p: int, stage: int) -> int:
+    """Micro-batches whose activations stage ``stage`` of ``p`` holds at its peak, of ``m``.
+
+    GPipe runs every forward before any backward: all ``m``. 1F1B (PipeDream-Flush) runs
+    ``p - stage`` warm-up forwards, then alternates one forward and one backward: at most
+    ``p - stage``. Notebook 08 section 4 measures both on 2 stages with a saved-tensor hook.
+    """
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule must be one of {PIPELINE_SCHEDULES}, not {schedule!r}")
+    m, p, stage = _count("m", m, 1), _count("p", p, 1), _count("stage", stage)
+    if stage >= p:
+        raise ValueError(f"stage must be 0 to p - 1 = {p - 1}, not {stage}")
+    return m if schedule == "GPipe" else min(m, p - stage)
