@@ -31,7 +31,7 @@ def test_every_keyword_knob_has_its_words_and_no_words_are_left_over():
 
 
 def test_every_choice_of_the_calculator_is_in_the_table():
-    shown = repr(scope.scope())
+    shown = repr(scope.table())
     for name in (*inputs.SHARDING, *inputs.OPTIMIZERS, *inputs.CHECKPOINTING):
         assert name in shown, name
     assert all(words in shown for words in scope.KNOB_WORDS.values())
@@ -39,7 +39,7 @@ def test_every_choice_of_the_calculator_is_in_the_table():
 
 def test_the_compile_band_row_follows_the_band(monkeypatch):
     monkeypatch.setattr(scope, "COMPILE_BAND", (0.5, 0.6))
-    assert "land at 50% to 60% of the eager answer" in repr(scope.scope())
+    assert "land at 50% to 60% of the eager answer" in repr(scope.table())
 
 
 def test_qloras_miss_is_the_published_rows_miss():

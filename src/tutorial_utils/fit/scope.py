@@ -1,6 +1,6 @@
 """What the calculator models and what it leaves out, as one table read from the package.
 
-One job: notebook 03's calculator section shows ``scope()``. Each row is built from the constant
+One job: notebook 03's calculator section shows ``table()``. Each row is built from the constant
 or signature that decides it (``inputs``' choices, ``will_it_fit``'s keyword knobs, ``cards``'
 sources, ``headroom``'s terms, ``report.COMPILE_BAND``), so the table changes when the calculator
 does; ``tests/test_fit_scope.py`` holds the few rows that cannot be read that way (the moments,
@@ -18,7 +18,7 @@ from .headroom import HEADROOM
 from .peak import will_it_fit
 from .report import COMPILE_BAND
 
-__all__ = ["KNOB_WORDS", "MOMENTS", "QLORA_MISS", "Scope", "scope"]
+__all__ = ["KNOB_WORDS", "MOMENTS", "QLORA_MISS", "Scope", "table"]
 
 #: The moments of a step whose largest is the peak (``FitReport.peaks``, in this order).
 MOMENTS = ("end of forward", "start of backward", "end of backward", "optimizer step")
@@ -80,7 +80,7 @@ def _knobs() -> str:
     return "; ".join(KNOB_WORDS.get(name, name) for name in names)
 
 
-def scope() -> Scope:
+def table() -> Scope:
     """The table, read from the package as it is now."""
     reported = [name for name, card in cards.CARDS.items() if card.reported_mib]
     context, reserve = HEADROOM
