@@ -39,7 +39,7 @@ def test_every_choice_of_the_calculator_is_in_the_table():
 
 def test_the_compile_band_row_follows_the_band(monkeypatch):
     monkeypatch.setattr(scope, "COMPILE_BAND", (0.5, 0.6))
-    assert "land at 50% to 60% of the eager answer" in repr(scope.table())
+    assert "peaked at 50% to 60% of the same run in eager mode" in repr(scope.table())
 
 
 def test_qloras_miss_is_the_published_rows_miss():

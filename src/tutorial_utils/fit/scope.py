@@ -108,8 +108,8 @@ def table() -> Scope:
     not_modelled = (
         (
             "torch.compile, Float8",
-            f"eager mode only: published runs land at {low:.0%} to {high:.0%} of the eager "
-            "answer, shown as a band (FitReport.compile_band)",
+            f"eager mode only: published compiled runs peaked at {low:.0%} to {high:.0%} of "
+            "the same run in eager mode, shown as a band (FitReport.compile_band)",
         ),
         ("allocator reserve", reserve.source),
         (
