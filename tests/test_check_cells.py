@@ -868,24 +868,23 @@ def _notebook_03_block() -> dict:
 
 
 def _fused_step_with_hooks(monkeypatch=None):
-    """03 section 7's measurement; with ``monkeypatch``, the hooks are never registered."""
+    """03 section 7's world (its measurement and check are one cell); with ``monkeypatch``, the
+    hooks are never registered."""
     namespace = _notebook_03_block()
     if monkeypatch is not None:
         monkeypatch.setattr(torch.Tensor, "register_post_accumulate_grad_hook", lambda *a: None)
-    _run("03", ("register_post_accumulate_grad_hook(step_and_free)",), namespace)
     return namespace
 
 
 def _offloading(monkeypatch=None):
-    """03 section 8's offloader; with ``monkeypatch``, its index holds each storage alive (a
-    plain dict instead of a WeakKeyDictionary: the bug that frees nothing)."""
+    """03 section 8's world; with ``monkeypatch``, the offloader's index holds each storage alive
+    (a plain dict instead of a WeakKeyDictionary: the bug that frees nothing)."""
     import weakref
 
     namespace = _notebook_03_block()
     if monkeypatch is not None:
         monkeypatch.setattr(weakref, "WeakKeyDictionary", dict)
-    _run("03", ("class OffloadSaved(",), namespace)
-    return namespace
+    return namespace  # the offloader, its measurement and its check are one cell
 
 
 def _tp_activations(monkeypatch=None, fused_keeps_scores=False, mutate=True):
@@ -941,6 +940,24 @@ def _cluster_of_10(monkeypatch, mutate=True):
 
 
 CLUSTER_CHECK = ("closed_parts = {",)
+
+
+def _recompute_that_stops_early(monkeypatch, mutate=True):
+    """03 section 4's checkpointing cell; with ``mutate``, ``set_checkpoint_early_stop(False)``
+    does nothing, so each checkpointed block stops recomputing once backward has what it needs
+    (torch's default): full checkpointing then adds less than one forward's FLOPs."""
+    import contextlib
+
+    from torch.utils import checkpoint
+
+    if mutate:
+        monkeypatch.setattr(
+            checkpoint, "set_checkpoint_early_stop", lambda on: contextlib.nullcontext()
+        )
+    return _notebook_03_block()
+
+
+CHECKPOINT_CHECK = ("full: one more forward in a step of three",)
 
 
 FUSED_CHECK = ("assert drop == grads_bytes - one_layer - saved",)
@@ -1833,6 +1850,12 @@ MUTATIONS = {
         ),
         "@record's traceback is missing",
     ),
+    "03 the recomputation stops early": (
+        "03",
+        CHECKPOINT_CHECK,
+        _recompute_that_stops_early,
+        "full: one more forward in a step of three",
+    ),
     "03 the fused step frees no gradient": ("03", FUSED_CHECK, _fused_step_with_hooks),
     "03 the offloader keeps every storage alive": ("03", OFFLOAD_CHECK, _offloading),
     "10 the cluster counts fused attention as explicit": (
@@ -1940,6 +1963,7 @@ CONTROLS = {
     "01 a pinned copy is no faster than pageable": _pinned_copies_no_faster,
     "03 the Playbook counts GPT-2's position table": _the_playbook_counting_positions,
     "03 the calculator keeps one Adam moment": _a_calculator_without_adams_second_moment,
+    "03 the recomputation stops early": _recompute_that_stops_early,
     "10 the 2-D mesh sends TP's traffic": _cluster_of_10,
     "05 capabilities() claims native bf16 on a T4": _native_bf16_on_a_t4,
     "04 the allocator ignores PYTORCH_ALLOC_CONF": _allocator_ignoring_the_new_name,

@@ -1,5 +1,5 @@
-"""Old import path of the calculator's widget: now ``fit.widget`` (re-exported here), as
-notebook 03's further reading names it: ``Calculator(preset="Llama-3-8B")``."""
+"""Old import path of the calculator's widget: now ``fit.widget`` (re-exported here). Notebook
+03 §9 displays it: ``Calculator(preset="Llama-3.1-8B", batch=2, seq=8192)``."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``peak``: ``will_it_fit``: the moments of a step and the peak
 - ``advice``: the smallest changes that make it fit, each with its cost
 - ``cli``: ``python -m tutorial_utils fit``; ``widget``: ``Calculator()``
+- ``scope``: ``scope.table()``, the table of what it models and what it does not (notebook 03)
 
 ``from tutorial_utils import fit; fit.will_it_fit("llama-3.1-8b", gpu="H100")``. The names
 below load on first use, so ``fit.inputs`` (and ``--help``) never import torch.
@@ -76,6 +77,7 @@ _MODULES = (
     "advice",
     "cli",
     "widget",
+    "scope",
 )
 
 
