@@ -85,3 +85,57 @@ def test_fsdp2_in_bf16_holds_the_bytes_of_the_mixed_recipe(ranks):
     s = spread(whole, MLP, 2, 2, "fsdp2", 2, Mesh()).states
     for rank in (0, 1):
         assert sum(_states(ranks[rank]["ZeRO-3 bf16"])) == sum(s.values())
+
+
+# FSDP1: three Linear(256, 256) blocks, each its own unit, and a head Linear(256, 3) in the root
+# unit (771 parameters: odd, so FSDP1 pads its flat parameter to a multiple of the 2 ranks)
+FSDP1_SCRIPT = Path(__file__).resolve().parent / "fit_fsdp1_ranks.py"
+HEAD = 256 * 3 + 3
+FSDP1_PSI = 3 * LAYER + HEAD
+FSDP1_MODEL = Counts(FSDP1_PSI, LAYER, 256 * 256, (256 * 256, 256), (256 * 3, 3), 3)
+
+
+@pytest.fixture(scope="module")
+def fsdp1_ranks():
+    result = launch(FSDP1_SCRIPT, nproc=2, timeout=300, echo=None)
+    return {rank: rep["results"] for rank, rep in result.reports.items()}
+
+
+def _fsdp1(sharding: str):
+    whole = {"weights": 4 * FSDP1_PSI, "gradients": 4 * FSDP1_PSI, "master weights": 0}
+    whole["optimizer state"] = 8 * FSDP1_PSI
+    return spread(whole, FSDP1_MODEL, 4, 4, sharding, 2, Mesh())
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(
+    ("strategy", "sharding"),
+    [("FULL_SHARD", "fsdp1"), ("HYBRID_SHARD", "fsdp1"), ("SHARD_GRAD_OP", "fsdp1-grad-op")],
+)
+def test_fsdp1_holds_what_the_profile_says(fsdp1_ranks, strategy, sharding):
+    """Each rank's padded flat shards, sharded gradients and Adam moments; the gathered units
+    as each block starts its forward; and, at the moment each unit's unsharded gradient is
+    made, the gathered units with it: its largest is the profile's ``gathered`` plus
+    ``kept_gathered``. HYBRID_SHARD over a (1 replica, 2 shards) mesh is FULL_SHARD."""
+    calc = _fsdp1(sharding)
+    for rank in (0, 1):
+        run = fsdp1_ranks[rank][strategy]
+        assert run["unit_numel"] == [HEAD, LAYER, LAYER, LAYER]
+        assert sum(run["shards"]) == calc.states["weights"] == 4 * (HEAD + 1 + 3 * LAYER) // 2
+        assert sum(run["grads"]) == calc.states["gradients"]
+        assert run["optimizer_state"] == calc.states["optimizer state"]
+        moments = [m["gathered"] + m["unsharded_grad"] for m in run["at_gradient"]]
+        assert len(moments) == 4, "one gradient per unit: three blocks and the root"
+        assert max(moments) == calc.gathered + calc.kept_gathered, (rank, moments)
+        if sharding == "fsdp1":  # the root, kept gathered, and the block
+            assert run["gathered_at_forward"] == [calc.unit_weights] * 3
+        else:  # every unit, gathered one by one and kept
+            assert run["gathered_at_forward"][-1] == calc.kept_gathered
+
+
+def test_the_old_fsdp1_unit_missed_the_root_and_the_padding():
+    """The term this replaces: two of the largest unit and its gradient, unpadded. On the
+    model above it is the root (3,088 B gathered) short of what the ranks count."""
+    calc = _fsdp1("fsdp1")
+    old = 3 * 4 * LAYER  # 2 x one block's weights + its gradient, fp32
+    assert calc.gathered + calc.kept_gathered - old == 4 * (HEAD + 1)
