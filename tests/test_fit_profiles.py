@@ -139,3 +139,28 @@ def test_the_old_fsdp1_unit_missed_the_root_and_the_padding():
     calc = _fsdp1("fsdp1")
     old = 3 * 4 * LAYER  # 2 x one block's weights + its gradient, fp32
     assert calc.gathered + calc.kept_gathered - old == 4 * (HEAD + 1)
+
+
+# TP + SP: notebook 10's block (LayerNorm, q/k/v/o, a 4h GELU MLP, biases, SDPA), fp32, on 2 ranks
+TP_SCRIPT = SCRIPT.parent / "tensor_parallel.py"
+
+
+@pytest.mark.heavy
+def test_a_tp_sp_rank_saves_what_the_block_share_says():
+    """``tensor_parallel.py`` counts, once per storage, what autograd saves in its block on one
+    process and on each of 2 TP + SP ranks (PyTorch's plan). The calculator's block, the same
+    shape on fake tensors, must hold the first; ``tp_block_held`` must turn it into the second:
+    every activation halved but the two all-gathered Linear inputs, kept whole."""
+    from tutorial_utils.decoder import DecoderConfig
+    from tutorial_utils.fit.activations import activations
+    from tutorial_utils.fit.profiles import tp_block_held
+
+    reports = launch(TP_SCRIPT, nproc=2, timeout=300, echo=None).reports
+    b, s, h, a = (reports[0][k] for k in ("B", "S", "H", "heads"))
+    cfg = DecoderConfig(vocab=16, d_model=h, n_layers=1, n_heads=a, attention="sdpa")
+    held = activations(cfg, b, s, "fp32", "none")[0].held
+    for rank in (0, 1):
+        assert reports[rank]["single"]["saved_fused"] == held
+        measured = reports[rank]["TP+SP"]["saved_fused"]
+        assert measured == tp_block_held(held, b, s, h, 4, 2, kept=True), rank
+        assert measured - held // 2 == 4 * b * s * h, "each rank keeps 2 gathered inputs whole"

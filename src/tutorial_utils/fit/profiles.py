@@ -28,9 +28,12 @@ and what the profile adds at its compute moments, for
   ``SHARD_GRAD_OP`` keeps every unit gathered from forward to the end of backward.
   ``tests/test_fit_profiles.py`` holds both to what 2 gloo ranks count (``fit_fsdp1_ranks.py``).
 - **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
-  TP divides every block's and the embedding's and head's weights, and with SP every
-  activation, by its degree (notebook 10 measures the shares to the byte); PP keeps L/pp
-  blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
+  TP divides every block's and the embedding's and head's weights by its degree, and with
+  PyTorch's SP plan every activation but two: the inputs of attention's and the MLP's first
+  (column-parallel) Linears are all-gathered along the sequence, and each Linear saves the
+  whole gathered input on every rank (``tp_block_held``; notebook 10 measures both shares to
+  the byte; Megatron-LM, which gathers them again in backward instead, keeps none). PP keeps
+  L/pp blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
   min(pp, micro-batches) micro-batches in flight on the first stage (notebook 08); CP divides
   the sequence. The data-parallel degree is what is left: gpus / (tp x pp x cp), and the
   FSDP/ZeRO profiles shard over data x context ranks, as torchtitan does.
@@ -42,7 +45,7 @@ from dataclasses import dataclass
 
 from .shapes import Counts
 
-__all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread"]
+__all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread", "tp_block_held"]
 
 #: What each profile divides by the number of data-parallel GPUs.
 SHARDED_BY_STAGE: dict[str, tuple[str, ...]] = {
@@ -71,6 +74,26 @@ def shard_model_states(states: dict[str, int], sharding: str, n_gpus: int) -> di
         raise ValueError(f"n_gpus must be a whole number >= 1, not {n_gpus!r}")
     divided = SHARDED_BY_STAGE[sharding]
     return {k: v // n_gpus if k in divided else v for k, v in states.items()}
+
+
+def tp_block_held(
+    held: int, batch: int, local_seq: int, d_model: int, linear_bytes: int, tp: int, kept: bool
+) -> int:
+    """One TP rank's share of what a block keeps for backward, under PyTorch's TP + SP plan.
+
+    ``held``: the whole block's (one GPU, ``local_seq`` tokens); ``linear_bytes``: the element
+    size the Linears compute in (4 in fp32, 2 in bf16 or autocast); ``kept``: whether the
+    Linears' inputs are saved (no checkpointing) or recomputed. SP splits every activation
+    along the sequence except the two all-gathered inputs of the column-parallel Linears
+    (q/k/v share one, the MLP's up and gate the other), which each rank saves whole.
+
+    >>> tp_block_held(528384, 2, 64, 64, 4, 2, True)  # notebook 10's block, fp32: 32,768 B more
+    296960
+    """
+    if tp == 1:
+        return held
+    gathered = 2 * batch * local_seq * d_model * linear_bytes if kept else 0
+    return (held - gathered) // tp + gathered
 
 
 @dataclass(frozen=True)
