@@ -216,7 +216,7 @@ def will_it_fit(
         cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks
     )
     layers = math.ceil(cfg.n_layers / pp)
-    in_flight = min(pp, pp_microbatches or pp) if pp > 1 else 1
+    in_flight = mesh.in_flight
     linear_bytes = 4 if precision == "fp32" else 2
     kept = checkpointing == "none"  # the Linears' gathered inputs saved, not recomputed
     block_held = tp_block_held(block.held, batch, local_seq, cfg.d_model, linear_bytes, tp, kept)

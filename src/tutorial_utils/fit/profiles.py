@@ -108,6 +108,13 @@ class Mesh:
     def dp(self, n_gpus: int) -> int:
         return n_gpus // (self.tp * self.pp * self.cp)
 
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations the first stage holds at once under 1F1B: it runs
+        ``pp`` forwards before its first backward (stage ``s`` holds ``pp - s``; GPipe would
+        hold every micro-batch). ``pipeline_gpipe.py`` counts it in notebook 08."""
+        return min(self.pp, self.microbatches or self.pp)
+
 
 @dataclass(frozen=True)
 class Spread:
