@@ -181,3 +181,25 @@ def test_1f1b_holds_the_micro_batches_the_mesh_says():
     assert first["1F1B"]["peak_bytes"] == mesh.in_flight * first["one_microbatch_bytes"] > 0
     assert last["1F1B"]["peak_bytes"] == last["one_microbatch_bytes"]
     assert first["GPipe"]["peak_bytes"] == 8 * first["one_microbatch_bytes"]
+
+
+@pytest.mark.heavy
+def test_a_ring_attention_rank_saves_what_attention_on_its_chunk_saves():
+    """CP: notebook 12's ring attention on 2 ranks saves, on each, exactly what SDPA saves on
+    the rank's S/2 positions in one process (q, k, v, the output and an fp32 log-sum-exp per
+    head and position): so the calculator's context-parallel term, every block's activations
+    at seq/cp tokens, counts attention right."""
+    from tutorial_utils import fit, formulas
+    from tutorial_utils.decoder import DecoderConfig
+
+    script = Path(__file__).resolve().parent / "fit_cp_ranks.py"
+    reports = launch(script, nproc=2, timeout=300, echo=None).reports
+    for rank in (0, 1):
+        r = reports[rank]
+        b, heads, s, dh = r["B"], r["H"], r["S"] // r["world"], r["DH"]
+        local = formulas.attention_saved_bytes(s, b, heads * dh, heads, 4, dropout=False)
+        assert r["ring"] == r["sdpa"] == local, rank
+    toy = DecoderConfig(vocab=64, d_model=32, n_layers=2, n_heads=4)
+    cp = fit.will_it_fit(toy, batch=2, seq=64, precision="fp32", n_gpus=2, cp=2)
+    half = fit.will_it_fit(toy, batch=2, seq=32, precision="fp32")
+    assert cp.categories["activations"] == half.categories["activations"]

@@ -35,8 +35,10 @@ and what the profile adds at its compute moments, for
   the byte; Megatron-LM, which gathers them again in backward instead, keeps none). PP keeps
   L/pp blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
   min(pp, micro-batches) micro-batches in flight on the first stage (notebook 08); CP divides
-  the sequence. The data-parallel degree is what is left: gpus / (tp x pp x cp), and the
-  FSDP/ZeRO profiles shard over data x context ranks, as torchtitan does.
+  the sequence (ring attention saves what attention on the rank's chunk saves: notebook 12's
+  ``RingAttention``, counted in ``tests/fit_cp_ranks.py``). The data-parallel degree is what
+  is left: gpus / (tp x pp x cp), and the FSDP/ZeRO profiles shard over data x context ranks,
+  as torchtitan does.
 """
 
 from __future__ import annotations
