@@ -5,9 +5,10 @@
 ``tests/test_fit_profiles.py`` launches it and compares what it counts with the calculator's
 FSDP1 profile. The model: three Linear(256, 256) blocks, each its own FSDP unit, and a head
 Linear(256, 3) left to the root unit (771 parameters: odd, so FSDP pads it to the world size).
-Each rank takes two Adam steps on its own batch with ``FULL_SHARD``, ``SHARD_GRAD_OP`` and
-``HYBRID_SHARD`` (on one host: sharded over its ranks, one replica), and counts, on the
-second step, the bytes of the storages FSDP keeps:
+Each rank takes two Adam steps on its own batch with ``FULL_SHARD``, ``SHARD_GRAD_OP``,
+``HYBRID_SHARD`` (on one host: sharded over its ranks, one replica) and ``FULL_SHARD`` with
+``MixedPrecision(param_dtype=bfloat16)``, and counts, on the second step, the bytes of the
+storages FSDP keeps:
 
 - at rest: each unit's flat parameter shard, its sharded gradient, and Adam's moments of it;
 - as each block starts its forward (a forward pre-hook, after FSDP gathered it), and as each
@@ -28,14 +29,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
 from common import report, teardown  # noqa: E402
 
 WIDTH, BLOCKS, HEAD, STEPS = 256, 3, 3, 2
-STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD")
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "FULL_SHARD bf16")
 
 
 def storage_bytes(t: torch.Tensor | None) -> int:
@@ -53,7 +54,9 @@ def run(strategy: str, device: torch.device, x: torch.Tensor, world: int) -> dic
         model,
         auto_wrap_policy=lambda module, recurse, **_: recurse or module in blocks,
         device_id=device,
-        sharding_strategy=getattr(ShardingStrategy, strategy),
+        sharding_strategy=getattr(ShardingStrategy, strategy.split()[0]),
+        # bf16: gathered and computed in bf16, fp32 shards, gradients reduced in bf16 (the default)
+        mixed_precision=MixedPrecision(param_dtype=torch.bfloat16) if "bf16" in strategy else None,
         backward_prefetch=BackwardPrefetch.BACKWARD_PRE,  # the default, said
         # HYBRID_SHARD: shard over the mesh's last dimension, replicate over its first. Without a
         # mesh FSDP1 takes a node's GPUs as the shard group, and on CPU ranks falls to NO_SHARD.
@@ -90,7 +93,7 @@ def run(strategy: str, device: torch.device, x: torch.Tensor, world: int) -> dic
             at_gradient.clear()
             at_reduce.clear()
             opt.zero_grad(set_to_none=True)
-            model(x).pow(2).mean().backward()
+            model(x).float().pow(2).mean().backward()
             opt.step()
     finally:
         dist.reduce_scatter_single = reduce_scatter

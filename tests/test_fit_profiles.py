@@ -101,10 +101,13 @@ def fsdp1_ranks():
     return {rank: rep["results"] for rank, rep in result.reports.items()}
 
 
-def _fsdp1(sharding: str):
-    whole = {"weights": 4 * FSDP1_PSI, "gradients": 4 * FSDP1_PSI, "master weights": 0}
+def _fsdp1(sharding: str, weight_bytes: int = 4):
+    """fp32: Adam over fp32 weights; bf16: the "mixed" recipe (bf16 weights and gradients, an
+    fp32 master copy), 16 bytes per parameter as FSDP1 with fp32 shards holds them."""
+    whole = {"weights": weight_bytes * FSDP1_PSI, "gradients": weight_bytes * FSDP1_PSI}
+    whole["master weights"] = 4 * FSDP1_PSI if weight_bytes == 2 else 0
     whole["optimizer state"] = 8 * FSDP1_PSI
-    return spread(whole, FSDP1_MODEL, 4, 4, sharding, 2, Mesh())
+    return spread(whole, FSDP1_MODEL, weight_bytes, weight_bytes, sharding, 2, Mesh())
 
 
 @pytest.mark.heavy
@@ -131,6 +134,21 @@ def test_fsdp1_holds_what_the_profile_says(fsdp1_ranks, strategy, sharding):
             assert run["gathered_at_forward"] == [calc.unit_weights] * 3
         else:  # every unit, gathered one by one and kept
             assert run["gathered_at_forward"][-1] == calc.kept_gathered
+
+
+@pytest.mark.heavy
+def test_fsdp1_in_bf16_gathers_in_bf16_and_holds_the_mixed_recipe(fsdp1_ranks):
+    """``MixedPrecision(param_dtype=bfloat16)``: units gathered and their unsharded gradients
+    made in bf16 (2 bytes per padded parameter), fp32 shards, gradients and Adam moments at
+    rest: the categories differ from the mixed recipe's, their sum is the same."""
+    calc = _fsdp1("fsdp1", weight_bytes=2)
+    for rank in (0, 1):
+        run = fsdp1_ranks[rank]["FULL_SHARD bf16"]
+        assert run["gathered_at_forward"] == [calc.unit_weights] * 3
+        moments = [m["gathered"] + m["unsharded_grad"] for m in run["at_gradient"]]
+        assert max(moments) == calc.gathered + calc.kept_gathered, (rank, moments)
+        held = sum(run["shards"]) + sum(run["grads"]) + run["optimizer_state"]
+        assert held == sum(calc.states.values())
 
 
 def test_the_old_fsdp1_unit_missed_the_root_and_the_padding():
