@@ -23,9 +23,10 @@ and what the profile adds at its compute moments, for
   resharded after forward: it stays gathered until its gradient is made, at the end of
   backward. ``FULL_SHARD`` (and ``HYBRID_SHARD`` over its shard group) gathers a block for its
   forward, and in backward, with the default ``BackwardPrefetch.BACKWARD_PRE``, gathers the
-  next block before this one's gradient is made: root, two blocks and one block's unsharded
-  flat gradient at once; or, at the end, the root and its unsharded gradient.
-  ``SHARD_GRAD_OP`` keeps every unit gathered from forward to the end of backward.
+  next block before this one's gradient is made: root, two blocks, one block's unsharded
+  flat gradient and the head's gradient (made first, it waits in autograd for the root's
+  flat parameter) at once; or, at the end, the root and its unsharded gradient.
+  ``SHARD_GRAD_OP`` keeps every unit gathered from its forward until its gradient is made.
   ``tests/test_fit_profiles.py`` holds both to what 2 gloo ranks count (``fit_fsdp1_ranks.py``).
 - **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
   TP divides every block's and the embedding's and head's weights by its degree, and with
@@ -219,15 +220,22 @@ def _fsdp1(
     # unpadded (its padded copy for the reduce-scatter comes after the root is resharded)
     block_g = int(grad_bytes * padded(block) * trainable_fraction)
     root_g = int(grad_bytes * root * trainable_fraction)
+    # The head's gradient (the largest root tensor's), made first in backward, waits in autograd
+    # for the root's flat parameter until the end: a view of it made before any block ran,
+    # whose node autograd runs last (it runs the latest-made ready node first)
+    head_g = int(grad_bytes * max(c.root_tensors, default=0) // mesh.tp * trainable_fraction)
     if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
         every_unit = root_w + layers * block_w
         words = "every unit, kept gathered"
-        return Spread(states, fraction, max(block_g, root_g), every_unit, 0, words, block_w)
+        # the last block's gradient with every unit still gathered, or the root's alone with
+        # the blocks resharded by then
+        gathered = max(block_g + head_g, root_w + root_g - every_unit)
+        return Spread(states, fraction, gathered, every_unit, 0, words, block_w)
     # FULL_SHARD: the root kept from forward on; as a block's gradient is made, this block and
-    # the next (prefetched: the root, already gathered, for the last) with its gradient; at
-    # the end the root's gradient
+    # the next (prefetched: the root, already gathered, for the last) with its gradient and the
+    # head's waiting; at the end the root's gradient
     this_and_next = (2 if layers > 1 else 1) * block_w
-    gathered = max(this_and_next + block_g, root_g)
+    gathered = max(this_and_next + block_g + head_g, root_g)
     words = (
         f"one block, {block / 1e6:,.0f} M parameters, and the next, prefetched, "
         f"beside the root, {root / 1e6:,.0f} M, kept gathered"
