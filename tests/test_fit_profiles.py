@@ -159,3 +159,67 @@ def test_fsdp1_in_bf16_gathers_in_bf16_and_holds_the_mixed_recipe(fsdp1_ranks):
         assert max(moments) == calc.gathered + calc.kept_gathered, (rank, moments)
         held = sum(run["shards"]) + sum(run["grads"]) + run["optimizer_state"]
         assert held == sum(calc.states.values())
+
+
+# TP + SP: notebook 10's block (LayerNorm, q/k/v/o, a 4h GELU MLP, biases, SDPA), fp32, on 2 ranks
+TP_SCRIPT = SCRIPT.parent / "tensor_parallel.py"
+
+
+@pytest.mark.heavy
+def test_a_tp_sp_rank_saves_what_the_block_share_says():
+    """``tensor_parallel.py`` counts, once per storage, what autograd saves in its block on one
+    process and on each of 2 TP + SP ranks (PyTorch's plan). The calculator's block, the same
+    shape on fake tensors, must hold the first; ``tp_block_held`` must turn it into the second:
+    every activation halved but the two all-gathered Linear inputs, kept whole."""
+    from tutorial_utils.decoder import DecoderConfig
+    from tutorial_utils.fit.activations import activations
+    from tutorial_utils.fit.profiles import tp_block_held
+
+    reports = launch(TP_SCRIPT, nproc=2, timeout=300, echo=None).reports
+    b, s, h, a = (reports[0][k] for k in ("B", "S", "H", "heads"))
+    cfg = DecoderConfig(vocab=16, d_model=h, n_layers=1, n_heads=a, attention="sdpa")
+    held = activations(cfg, b, s, "fp32", "none")[0].held
+    for rank in (0, 1):
+        assert reports[rank]["single"]["saved_fused"] == held
+        measured = reports[rank]["TP+SP"]["saved_fused"]
+        assert measured == tp_block_held(held, b, s, h, 4, 2, kept=True), rank
+        assert measured - held // 2 == 4 * b * s * h, "each rank keeps 2 gathered inputs whole"
+
+
+@pytest.mark.heavy
+def test_1f1b_holds_the_micro_batches_the_mesh_says():
+    """``pipeline_gpipe.py`` (notebook 08) runs 2 stages of 8 Linear(512, 512) layers with 8
+    micro-batches and counts, with a saved-tensor hook, the activations each stage holds at its
+    worst moment, and what one micro-batch leaves on it alone. Under 1F1B the first stage holds
+    ``Mesh.in_flight`` micro-batches (the last stage one); GPipe, which the calculator does not
+    model, holds all 8."""
+    script = SCRIPT.parent / "pipeline_gpipe.py"
+    args = ["--microbatches", "1", "--compare", "8"]
+    reports = launch(script, nproc=2, args=args, timeout=300, echo=None).reports
+    mesh = Mesh(pp=2, microbatches=8)
+    first, last = reports[0]["compare"], reports[1]["compare"]
+    assert first["1F1B"]["peak_bytes"] == mesh.in_flight * first["one_microbatch_bytes"] > 0
+    assert last["1F1B"]["peak_bytes"] == last["one_microbatch_bytes"]
+    assert first["GPipe"]["peak_bytes"] == 8 * first["one_microbatch_bytes"]
+
+
+@pytest.mark.heavy
+def test_a_ring_attention_rank_saves_what_attention_on_its_chunk_saves():
+    """CP: notebook 12's ring attention on 2 ranks saves, on each, exactly what SDPA saves on
+    the rank's S/2 positions in one process (q, k, v, the output and an fp32 log-sum-exp per
+    head and position): so the calculator's context-parallel term, every block's activations
+    at seq/cp tokens, counts attention right."""
+    from tutorial_utils import fit, formulas
+    from tutorial_utils.decoder import DecoderConfig
+
+    script = Path(__file__).resolve().parent / "fit_cp_ranks.py"
+    reports = launch(script, nproc=2, timeout=300, echo=None).reports
+    for rank in (0, 1):
+        r = reports[rank]
+        b, heads, s, dh = r["B"], r["H"], r["S"] // r["world"], r["DH"]
+        local = formulas.attention_saved_bytes(s, b, heads * dh, heads, 4, dropout=False)
+        assert r["ring"] == r["sdpa"] == local, rank
+    toy = DecoderConfig(vocab=64, d_model=32, n_layers=2, n_heads=4)
+    cp = fit.will_it_fit(toy, batch=2, seq=64, precision="fp32", n_gpus=2, cp=2)
+    half = fit.will_it_fit(toy, batch=2, seq=32, precision="fp32")
+    assert cp.categories["activations"] == half.categories["activations"]
