@@ -4,8 +4,10 @@ The calculator's terms for LoRA (what a frozen block with adapters saves, and th
 step that trains only the adapters), chunked cross-entropy (the fp32 upcast chunk by chunk)
 and gradient accumulation (the gradients held through the next forward) are compared with the
 same step run for real on the course's small decoder inside ``memory.measure("cpu")``, which
-counts every tensor storage: to the byte. What the CPU cannot run is said where it is modelled
-(8-bit AdamW and NF4 need bitsandbytes/torchao kernels; offloading needs a GPU to leave).
+counts every tensor storage: to the byte. 8-bit AdamW and NF4 need bitsandbytes or torchao,
+which the course does not install: said where they are modelled. Activation offloading is
+measured by what a saved-tensor hook leaves behind; the copy in flight on a GPU's side stream
+is not.
 """
 
 from __future__ import annotations
@@ -186,3 +188,52 @@ def test_the_optimizer_step_in_backward_holds_one_gradient_and_its_step_at_a_tim
     fixed = states["weights"] + states["master weights"] + states["optimizer state"]
     assert r.peaks["end of backward"] == fixed + block.held + block.backward_over + largest
     assert "optimizer step" not in r.peaks, "no step after backward: it happened inside"
+
+
+def test_activation_offload_leaves_the_head_on_the_device():
+    """Activation offloading as torchtune does it: a saved-tensor hook moves what each block
+    saves off the device (here into NumPy arrays, which the accountant does not count, as
+    pinned host memory is not on a GPU) and keeps the parameters it saves; the output layer
+    and the loss run outside the hook, as torchtune's ``NoOpManager`` keeps them. What stays
+    at the end of forward is measured: the head's activations, the calculator's ``head.held``.
+    The calculator adds one block for the copy in flight on a GPU's side stream, which a
+    synchronous copy on the CPU cannot show: that one block is its allowance, not measured."""
+    b, s = 2, 16
+    torch.manual_seed(0)
+    model = Decoder(TOY)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    moved = []
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() in params:
+            return t
+        moved.append(t.shape)
+        return t.detach().numpy().copy()
+
+    def unpack(saved):
+        return torch.from_numpy(saved) if not torch.is_tensor(saved) else saved
+
+    offload = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+    for block in model.blocks:
+        block.register_forward_pre_hook(lambda *_: offload.__enter__())
+        block.register_forward_hook(lambda *_: offload.__exit__(None, None, None))
+    tokens = torch.zeros(b, s, dtype=torch.long)
+
+    def left_on_device(model) -> tuple[int, torch.Tensor]:
+        with memory.measure("cpu") as m:
+            logits = model(tokens)  # kept until backward, as a training loop's variable keeps it
+            loss = cross_entropy(logits)
+        return m.delta_bytes - loss.untyped_storage().nbytes(), loss
+
+    plain_kept = left_on_device(Decoder(TOY))[0]  # the control: no hook
+    kept, loss = left_on_device(model)
+    block, head = activations(TOY, b, s, "fp32", "none")
+    assert kept == head.held
+    assert plain_kept - kept == TOY.n_layers * block.held, "every block's activations moved"
+    assert (b, s, TOY.d_model) in moved, "the blocks' saved inputs left the device"
+    loss.backward()  # the moved tensors come back for backward
+    assert all(p.grad is not None for p in model.parameters())
+    r = fit.will_it_fit(TOY, batch=b, seq=s, precision="fp32", activation_offload=True)
+    plain = fit.will_it_fit(TOY, batch=b, seq=s, precision="fp32")
+    offloaded = plain.peaks["end of forward"] - r.peaks["end of forward"]
+    assert offloaded == (TOY.n_layers - 1) * block.held  # all blocks but the one in flight

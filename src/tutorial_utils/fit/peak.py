@@ -37,7 +37,7 @@ from ..units import format_bytes
 from . import cards, inputs
 from .activations import activations, same_module, stream_dtype
 from .headroom import HEADROOM
-from .profiles import Mesh, spread
+from .profiles import Mesh, spread, tp_block_held
 from .report import FitReport
 from .shapes import config, counts
 from .states import NF4_CHUNK, Lora, model_states, nf4_load_bytes
@@ -234,8 +234,11 @@ def will_it_fit(
         cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks
     )
     layers = math.ceil(cfg.n_layers / pp)
-    in_flight = min(pp, pp_microbatches or pp) if pp > 1 else 1
-    block_held, head_held = block.held // tp, head.held // tp  # SP: every activation sharded
+    in_flight = mesh.in_flight
+    linear_bytes = 4 if precision == "fp32" else 2
+    kept = checkpointing == "none"  # the Linears' gathered inputs saved, not recomputed
+    block_held = tp_block_held(block.held, batch, local_seq, cfg.d_model, linear_bytes, tp, kept)
+    head_held = head.held // tp  # SP: the head's activations sharded
     if activation_offload:  # one block's on the GPU at a time; the rest in pinned CPU memory
         forward_acts = block_held + head_held
     else:

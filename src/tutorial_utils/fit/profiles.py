@@ -17,17 +17,29 @@ and what the profile adds at its compute moments, for
   ``MixedPrecisionPolicy(reduce_dtype=float32)`` over 16-bit parameters (each unit's gradients
   cast to fp32 before the reduce-scatter: 4 more bytes per unit parameter).
   ``tests/test_fit_profiles.py`` holds DDP, ZeRO-1 and FSDP2 to what 2 gloo ranks measure.
-- **FSDP1** (``FullyShardedDataParallel``, flat parameters): ``FULL_SHARD`` gathers the unit
-  and, with the default ``BackwardPrefetch.BACKWARD_PRE``, the next unit before this one's
-  gradients are computed: two units' weights and one unit's flat gradient at once.
-  ``SHARD_GRAD_OP`` keeps every unit gathered from forward to the end of backward.
+- **FSDP1** (``FullyShardedDataParallel``, flat parameters): each unit's parameters are one
+  flat tensor, padded to a multiple of the ranks, each rank keeping 1/ranks of it (the padding
+  is stored, stepped and gathered too). The root unit (embedding, final norm, head) is not
+  resharded after forward: it stays gathered until its gradient is made, at the end of
+  backward. ``FULL_SHARD`` (and ``HYBRID_SHARD`` over its shard group) gathers a block for its
+  forward, and in backward, with the default ``BackwardPrefetch.BACKWARD_PRE``, gathers the
+  next block before this one's gradient is made: root, two blocks, one block's unsharded
+  flat gradient and the head's gradient (made first, it waits in autograd for the root's
+  flat parameter) at once; or, at the end, the root and its unsharded gradient.
+  ``SHARD_GRAD_OP`` keeps every unit gathered from its forward until its gradient is made.
+  ``tests/test_fit_profiles.py`` holds both to what 2 gloo ranks count (``fit_fsdp1_ranks.py``).
 - **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
-  TP divides every block's and the embedding's and head's weights, and with SP every
-  activation, by its degree (notebook 10 measures the shares to the byte); PP keeps L/pp
-  blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
+  TP divides every block's and the embedding's and head's weights by its degree, and with
+  PyTorch's SP plan every activation but two: the inputs of attention's and the MLP's first
+  (column-parallel) Linears are all-gathered along the sequence, and each Linear saves the
+  whole gathered input on every rank (``tp_block_held``; notebook 10 measures both shares to
+  the byte; Megatron-LM, which gathers them again in backward instead, keeps none). PP keeps
+  L/pp blocks per stage, and the largest root part (embedding or head), while 1F1B keeps
   min(pp, micro-batches) micro-batches in flight on the first stage (notebook 08); CP divides
-  the sequence. The data-parallel degree is what is left: gpus / (tp x pp x cp), and the
-  FSDP/ZeRO profiles shard over data x context ranks, as torchtitan does.
+  the sequence (ring attention saves what attention on the rank's chunk saves: notebook 12's
+  ``RingAttention``, counted in ``tests/fit_cp_ranks.py``). The data-parallel degree is what
+  is left: gpus / (tp x pp x cp), and the FSDP/ZeRO profiles shard over data x context ranks,
+  as torchtitan does.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from dataclasses import dataclass
 
 from .shapes import Counts
 
-__all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread"]
+__all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread", "tp_block_held"]
 
 #: What each profile divides by the number of data-parallel GPUs.
 SHARDED_BY_STAGE: dict[str, tuple[str, ...]] = {
@@ -67,6 +79,26 @@ def shard_model_states(states: dict[str, int], sharding: str, n_gpus: int) -> di
     return {k: v // n_gpus if k in divided else v for k, v in states.items()}
 
 
+def tp_block_held(
+    held: int, batch: int, local_seq: int, d_model: int, linear_bytes: int, tp: int, kept: bool
+) -> int:
+    """One TP rank's share of what a block keeps for backward, under PyTorch's TP + SP plan.
+
+    ``held``: the whole block's (one GPU, ``local_seq`` tokens); ``linear_bytes``: the element
+    size the Linears compute in (4 in fp32, 2 in bf16 or autocast); ``kept``: whether the
+    Linears' inputs are saved (no checkpointing) or recomputed. SP splits every activation
+    along the sequence except the two all-gathered inputs of the column-parallel Linears
+    (q/k/v share one, the MLP's up and gate the other), which each rank saves whole.
+
+    >>> tp_block_held(528384, 2, 64, 64, 4, 2, True)  # notebook 10's block, fp32: 32,768 B more
+    296960
+    """
+    if tp == 1:
+        return held
+    gathered = 2 * batch * local_seq * d_model * linear_bytes if kept else 0
+    return (held - gathered) // tp + gathered
+
+
 @dataclass(frozen=True)
 class Mesh:
     """The degrees of a device mesh; ``dp`` is what is left of the GPUs."""
@@ -78,6 +110,13 @@ class Mesh:
 
     def dp(self, n_gpus: int) -> int:
         return n_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def in_flight(self) -> int:
+        """Micro-batches whose activations the first stage holds at once under 1F1B: it runs
+        ``pp`` forwards before its first backward (stage ``s`` holds ``pp - s``; GPipe would
+        hold every micro-batch). ``pipeline_gpipe.py`` counts it in notebook 08."""
+        return min(self.pp, self.microbatches or self.pp)
 
 
 @dataclass(frozen=True)
@@ -129,12 +168,76 @@ def spread(
     w = weight_bytes * unit_n
     # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
     every_unit = int(weight_bytes * stage_n / mesh.tp)
-    if sharding == "fsdp1":  # this unit and the next, prefetched, and this unit's gradient
-        words += " (and the next, prefetched)"
-        return Spread(shared, fraction, 2 * w + grads, 0, 0, words, 2 * w)
-    if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
-        return Spread(shared, fraction, grads, every_unit, 0, "every unit, kept gathered", w)
+    if sharding in ("fsdp1", "fsdp1-grad-op"):
+        return _fsdp1(
+            sharding,
+            shared,
+            local,
+            fraction,
+            c,
+            mesh,
+            ranks,
+            weight_bytes,
+            grad_bytes,
+            trainable_fraction,
+        )
     extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
     if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
         return Spread(shared, fraction, grads + extra, every_unit, 0, words, w)
     return Spread(shared, fraction, w + grads + extra, 0, 0, words, w)
+
+
+def _fsdp1(
+    sharding: str,
+    shared: dict[str, int],
+    local: dict[str, int],
+    fraction: float,
+    c: Counts,
+    mesh: Mesh,
+    ranks: int,
+    weight_bytes: int,
+    grad_bytes: int,
+    trainable_fraction: float,
+) -> Spread:
+    """FSDP1's share (see the module's docstring): flat units padded to a multiple of the
+    ranks, the root gathered from its forward to its gradient, and the moment a unit's
+    gradient is made (``tests/fit_fsdp1_ranks.py`` counts each of these)."""
+
+    def padded(n: int) -> int:
+        return -(-n // ranks) * ranks
+
+    root = (c.root if mesh.pp == 1 else max(c.root_tensors, default=0)) // mesh.tp
+    block, layers = c.block // mesh.tp, -(-c.n_layers // mesh.pp)
+    unpadded = root + layers * block
+    units = (padded(root) if root else 0) + layers * padded(block)
+    states = dict(shared)
+    for k in SHARDED_BY_STAGE[sharding]:  # each sharded category stores the padding too
+        if k in local:
+            states[k] = local[k] * units // unpadded // ranks
+    root_w = weight_bytes * padded(root) if root else 0
+    block_w = weight_bytes * padded(block)
+    # A unit's unsharded gradient: a block's fills its padded flat tensor; the root's is made
+    # unpadded (its padded copy for the reduce-scatter comes after the root is resharded)
+    block_g = int(grad_bytes * padded(block) * trainable_fraction)
+    root_g = int(grad_bytes * root * trainable_fraction)
+    # The head's gradient (the largest root tensor's), made first in backward, waits in autograd
+    # for the root's flat parameter until the end: a view of it made before any block ran,
+    # whose node autograd runs last (it runs the latest-made ready node first)
+    head_g = int(grad_bytes * max(c.root_tensors, default=0) // mesh.tp * trainable_fraction)
+    if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
+        every_unit = root_w + layers * block_w
+        words = "every unit, kept gathered"
+        # the last block's gradient with every unit still gathered, or the root's alone with
+        # the blocks resharded by then
+        gathered = max(block_g + head_g, root_w + root_g - every_unit)
+        return Spread(states, fraction, gathered, every_unit, 0, words, block_w)
+    # FULL_SHARD: the root kept from forward on; as a block's gradient is made, this block and
+    # the next (prefetched: the root, already gathered, for the last) with its gradient and the
+    # head's waiting; at the end the root's gradient
+    this_and_next = (2 if layers > 1 else 1) * block_w
+    gathered = max(this_and_next + block_g + head_g, root_g)
+    words = (
+        f"one block, {block / 1e6:,.0f} M parameters, and the next, prefetched, "
+        f"beside the root, {root / 1e6:,.0f} M, kept gathered"
+    )
+    return Spread(states, fraction, gathered, root_w, 0, words, root_w + block_w)
