@@ -865,6 +865,19 @@ def test_gradients_made_in_cpp_count_as_existing():
     assert m.start_bytes >= 2 * sum(p.nbytes for p in model.parameters())
 
 
+def test_a_view_whose_history_cannot_be_read_does_not_stop_the_count():
+    """FSDP1's parameters are splits of a flat parameter modified in place: reading even their
+    ``is_leaf`` raises. Counting starts anyway; their storage is their base's, booked once."""
+    base = torch.zeros(1024, requires_grad=True).clone()
+    view, _ = base.split(512)
+    base.add_(1)  # the multi-output view's history is now unreadable
+    with pytest.raises(RuntimeError, match="modified inplace"):
+        _ = view.is_leaf
+    with memory.measure("cpu") as m:
+        extra = torch.ones(256)
+    assert m.start_bytes >= base.nbytes and m.delta_bytes == extra.nbytes
+
+
 def test_estimate_refuses_a_step_that_cannot_run():
     with pytest.raises(RuntimeError, match="same dtype"):  # the real step raises
         memory.breakdown(nn.Linear(4, 4), torch.zeros(2, 4, dtype=torch.long))

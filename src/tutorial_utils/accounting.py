@@ -642,7 +642,7 @@ class _Accountant(TorchDispatchMode):
         found = [o for o in found if type(o) is not torch.UntypedStorage]
         # A gradient that autograd created in C++ has no Python object until someone reads
         # ``.grad``, so the scan above cannot see it: reach it through its parameter.
-        grads = [g for t in found if t.requires_grad and t.is_leaf and (g := t.grad) is not None]
+        grads = [g for t in found if (g := _leaf_grad(t)) is not None]
         # What book() does, in one loop without its per-tensor tuples: this is the part of
         # starting the count that grows with the number of tensors.
         # The collector stays off meanwhile: each weak reference is a tracked object, and with
@@ -705,6 +705,16 @@ class _Accountant(TorchDispatchMode):
         with self.lock:
             self.live.clear()  # dropping the weak references also drops their callbacks
             self.aliases.clear()
+
+
+def _leaf_grad(t: torch.Tensor) -> torch.Tensor | None:
+    """``t.grad`` of a leaf that requires a gradient; None otherwise. A view whose base was
+    modified in place after a multi-output view op (FSDP1's flat-parameter splits) refuses even
+    ``is_leaf``: it is no leaf, and its storage is its base's, which the scan books."""
+    try:
+        return t.grad if t.requires_grad and t.is_leaf else None
+    except RuntimeError:
+        return None
 
 
 def _storage_kinds() -> set[type]:
