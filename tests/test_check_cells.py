@@ -1638,6 +1638,7 @@ MUTATIONS = {
         "05",
         ("benchmark=True should pay a search",),
         _cudnn_search_that_costs_nothing,
+        "benchmark=True should pay a search",
     ),
     "02 new_zeros ignores the device": (
         "02",
@@ -1749,6 +1750,7 @@ MUTATIONS = {
         "05",
         ("step()  # one more call per row", "amp_checks.ran_as(step)"),
         _speed_rows_that_all_run_fp32,
+        "(output dtype, matmul precision)",
     ),
     "05 deterministic mode does nothing": (
         "05",
