@@ -451,20 +451,31 @@ def _channels_last_is_a_no_op():
     }
 
 
+def _probe_world() -> dict:
+    """What 05's check cell reads before what each speed row ran: a small MLP to probe, the
+    ConvNet for the layout, on the CPU."""
+    from tutorial_utils import models, published
+
+    return {
+        "speed_model": lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()),
+        "mlp_batch": torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),
+        **{"dev": "cpu", "caps": _cpu(), "published": published, "models": models},
+        **{"device": torch.device("cpu"), "cl": torch.channels_last},
+    }
+
+
 def _autocast_changes_nothing(monkeypatch):
     """torch.autocast turned into a no-op: the bf16 probe equals fp32's, to the bit."""
     import contextlib
 
     monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
-    return {
-        "speed_model": lambda: torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()),
-        "mlp_batch": torch.randn(4, 8, generator=torch.Generator().manual_seed(0)),
-        **{"dev": "cpu", "caps": _cpu(), "published": None},
-    }
+    return _probe_world()
 
 
-def _deterministic_mode_does_nothing():
-    return {"put_error": None, "fresh": torch.zeros(4), "caps": _cpu()}
+def _deterministic_mode_does_nothing(monkeypatch):
+    """torch.use_deterministic_algorithms turned into a no-op: put_ runs, nothing raises."""
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: None)
+    return {"caps": _cpu()}
 
 
 def _picked_fp16_without_a_scaler():
@@ -565,13 +576,15 @@ def _speed_rows_that_all_run_fp32():
 
     step.model = model
     names = ("fp32", "TF32 (matmul 'high')", "bf16 autocast", "fp16 autocast", "ConvNet fp32")
+    from tutorial_utils import recorded
+
     return {
+        **_probe_world(),  # the layout and the probe, which pass, come first in the cell
         "variants": dict.fromkeys((*names, "ConvNet channels_last"), step),
         "nn": torch.nn,
         "amp_checks": _script("amp_checks"),
-        "caps": _cpu(),
+        "recorded": recorded,
         "rows": {},
-        "median": {},
     }
 
 
@@ -626,13 +639,20 @@ def _item_that_does_not_synchronize():
 
 
 def _cudnn_search_that_costs_nothing():
+    """05's cuDNN cell on an A100 whose benchmark mode times a new shape no slower."""
+    from tutorial_utils import timing
+
     med = {"fixed": 1.0, "varying": 1.0}
     results = {
         f"{kind}, benchmark={flag}": types.SimpleNamespace(median=med[kind])
         for kind in med
         for flag in (False, True)
     }
-    return {"cudnn_results": results, "cudnn": torch.backends.cudnn}
+    return {
+        "caps": devices.Capabilities.machine("a100"),
+        "cudnn_benchmark": types.SimpleNamespace(benchmark_modes=lambda: results),
+        "timing": timing,
+    }
 
 
 def _gputil_without_nvidia_smi(monkeypatch):
@@ -790,7 +810,7 @@ def _a_calculator_without_adams_second_moment(monkeypatch, mutate=True):
 
 
 def _dropout(monkeypatch, forward=None):
-    """04's no_grad cell on its own model and batch; ``forward`` replaces nn.Dropout's."""
+    """04's evaluation cell on its own model and batch; ``forward`` replaces nn.Dropout's."""
     from torch.nn import functional as F
 
     from tutorial_utils import memory, models
@@ -800,10 +820,13 @@ def _dropout(monkeypatch, forward=None):
         def forward(self, x):
             return forward(self, x) if forward else F.dropout(x, self.p, self.training)
 
-    return {
+    fix_model, xb = (
+        models.MLP(d_in=128, d_hidden=256, d_out=10, depth=8),
+        models.mlp_batch(2048, 128),
+    )
+    return {  # the cell first sums five losses (needs the step's activations), then no_grad
         "nn": types.SimpleNamespace(Dropout=Dropout),
-        "fix_model": models.MLP(d_in=128, d_hidden=256, d_out=10, depth=8),
-        "xb": models.mlp_batch(2048, 128),
+        **{"fix_model": fix_model, "xb": xb, "fix_step": memory.breakdown(fix_model, xb)},
         **{"memory": memory, "format_bytes": format_bytes, "device": torch.device("cpu")},
     }
 
@@ -1648,6 +1671,7 @@ MUTATIONS = {
         "05",
         ("benchmark=True should pay a search",),
         _cudnn_search_that_costs_nothing,
+        "benchmark=True should pay a search",
     ),
     "02 new_zeros ignores the device": (
         "02",
@@ -1759,6 +1783,7 @@ MUTATIONS = {
         "05",
         ("step()  # one more call per row", "amp_checks.ran_as(step)"),
         _speed_rows_that_all_run_fp32,
+        "(output dtype, matmul precision)",
     ),
     "05 deterministic mode does nothing": (
         "05",

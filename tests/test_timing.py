@@ -337,3 +337,25 @@ def test_time_it_agrees_with_torch_utils_benchmark_on_the_same_work(monkeypatch)
     timer = benchmark.Timer(stmt="work()", globals={"work": clock.work}, timer=clock.perf_counter)
     theirs = timer.timeit(5)
     assert ours.median == pytest.approx(0.01) and theirs.median == pytest.approx(0.01)
+
+
+def test_rounds_table_ratio_and_verdict():
+    """Notebook 05's speed table: medians, ranges, ratios to each row's baseline, and a
+    direction only where the ranges of rounds are apart."""
+    rounds = timing.Rounds(
+        {"fp32": [2.0, 2.2, 2.1], "bf16": [1.0, 1.2, 1.1], "fp16": [2.1, 1.9, 3.0], "conv": [1.0]},
+        {"fp32": "fp32", "bf16": "fp32", "fp16": "fp32", "conv": "conv"},
+    )
+    assert rounds.median("fp16") == 2.1 and rounds.ratio("bf16") == pytest.approx(1.1 / 2.1)
+    verdicts = [rounds.verdict(n) for n in ("bf16", "fp16", "fp32")]
+    assert verdicts == ["faster", "ranges overlap", "ranges overlap"]
+    assert timing.Rounds({"a": [1.0], "b": [2.0]}, {"a": "a", "b": "a"}).verdict("b") == "slower"
+    table = repr(rounds).splitlines()
+    assert table[1] == "bf16     1.1 s (1 s..1.2 s)  0.52x fp32" and len(table) == 4
+
+
+def test_rounds_refuse_a_missing_baseline():
+    with pytest.raises(ValueError, match="baseline among the variants"):
+        timing.Rounds({"a": [1.0]}, {"a": "fp32"})
+    with pytest.raises(ValueError, match="at least one time"):
+        timing.Rounds({"a": []}, {"a": "a"})

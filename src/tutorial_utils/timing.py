@@ -52,6 +52,7 @@ from .units import format_bytes
 
 __all__ = [
     "Comparison",
+    "Rounds",
     "Timing",
     "compare",
     "format_seconds",
@@ -429,6 +430,57 @@ class Comparison:
         ax.set_xlabel("time per call (ms): median, whiskers min to max")
         ax.set_title(title or f"Timing on {self.timings[0].device}")
         return ax
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """Variants timed in interleaved rounds: ``seconds[name]`` holds one time per round (every
+    round ran every variant once, so a slow moment of the machine hits them all), and
+    ``baselines[name]`` the variant it is compared with. Shown as a table: the median, the
+    fastest and slowest rounds, the ratio of medians.
+
+    ``verdict(name)`` says "faster" or "slower" than the baseline only where the two ranges of
+    rounds do not overlap, else "ranges overlap": a sentence beside a timing is derived from
+    the run, never assumed::
+
+        >>> r = Rounds({"fp32": [2.0, 2.2], "bf16": [1.0, 1.1]}, {"fp32": "fp32", "bf16": "fp32"})
+        >>> r.ratio("bf16"), r.verdict("bf16")
+        (0.5, 'faster')
+    """
+
+    seconds: Mapping[str, list[float]]
+    baselines: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not self.seconds or any(not times for times in self.seconds.values()):
+            raise ValueError("Rounds needs at least one time per variant, e.g. {'fp32': [0.01]}")
+        unknown = sorted(set(self.baselines.values()) - set(self.seconds))
+        if set(self.baselines) != set(self.seconds) or unknown:
+            raise ValueError(
+                f"every variant needs a baseline among the variants; check {unknown or 'the names'}"
+            )
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.seconds[name])
+
+    def ratio(self, name: str) -> float:
+        """``median(name) / median(baseline)``: below 1 is faster than the baseline."""
+        return self.median(name) / self.median(self.baselines[name])
+
+    def verdict(self, name: str) -> str:
+        mine, base = self.seconds[name], self.seconds[self.baselines[name]]
+        if max(mine) < min(base):
+            return "faster"
+        return "slower" if min(mine) > max(base) else "ranges overlap"
+
+    def __repr__(self) -> str:
+        width = max(map(len, self.seconds))
+        lines = []
+        for name, times in self.seconds.items():
+            spread = "..".join(format_seconds(t) for t in (min(times), max(times)))
+            took, base = format_seconds(self.median(name)), self.baselines[name]
+            lines.append(f"{name:{width}} {took:>9} ({spread})  {self.ratio(name):.2f}x {base}")
+        return "\n".join(lines)
 
 
 def compare(
