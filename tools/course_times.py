@@ -3,7 +3,7 @@
     python tools/course_times.py           # print the estimate per notebook and per section
     python tools/course_times.py --check   # exit 1 if a stated time or a syllabus disagrees
     python tools/course_times.py --write   # rewrite the stated times, docs/times.md, the syllabi
-    python tools/course_times.py --model calibrated   # issue 38's calibrated model, per exercise
+    python tools/course_times.py --model stated   # the flat model before issue 38, beside it
 
 The formula (the same words are written into docs/times.md):
 
@@ -20,13 +20,13 @@ The formula (the same words are written into docs/times.md):
 * **tasks**: ``MIN_PER_TASK`` minutes per open task (a ``## ... Your turn`` section, as in the
   capstone: design a solution, run it, measure, retry).
 
-Two models give the rates (``TimeModel``): ``STATED``, above, which every stated time follows
-today, and ``CALIBRATED`` (issue 38), which reads at ``BRYSBAERT_SLOW_WPM`` (the slow end of the
-adult range for non-fiction in Brysbaert's 2019 meta-analysis) and weighs each exercise by what it
-asks: ``MIN_PER_WRITTEN_LINE`` for each line its solution adds to the code the learner is given,
-the script it hands over to edit read as code, and a stated weight, with its reason, for the few
-in ``EXERCISE_WEIGHTS``. ``MODEL`` is the switch ``--check`` and ``--write`` follow; ``--model``
-overrides it for one run.
+Two models give the rates (``TimeModel``): ``STATED``, above, which every stated time followed
+until issue 38, and ``CALIBRATED``, which they follow now: it reads at ``BRYSBAERT_SLOW_WPM``
+(the slow end of the adult range for non-fiction in Brysbaert's 2019 meta-analysis) and weighs
+each exercise by what it asks: ``MIN_PER_WRITTEN_LINE`` for each line its solution adds to the
+code the learner is given (up to the checker's call), the script it hands over to edit read as
+code, and a stated weight, with its reason, for the few in ``EXERCISE_WEIGHTS``. ``MODEL`` is
+the switch ``--check`` and ``--write`` follow; ``--model`` overrides it for one run.
 
 The syllabi also show each notebook's compute time, as ``tools/run_notebooks.py`` recorded it in
 the notebook's metadata (``executed_with``: seconds, device, CPUs, date), or "not recorded";
@@ -76,9 +76,10 @@ ROUND_TO = 5
 
 @dataclass(frozen=True)
 class TimeModel:
-    """The rates the formula reads with. ``STATED`` is the one every stated time comes from
-    today; ``CALIBRATED`` (issue 38) grounds the reading rate in a published figure and weighs
-    each exercise by what it asks. ``MODEL`` says which one ``--check`` and ``--write`` use."""
+    """The rates the formula reads with. ``STATED`` is the flat model the stated times came from
+    until issue 38; ``CALIBRATED``, the one they come from now, grounds the reading rate in a
+    published figure and weighs each exercise by what it asks. ``MODEL`` says which one
+    ``--check`` and ``--write`` use."""
 
     name: str
     words_per_min: float
@@ -162,11 +163,13 @@ CALIBRATED = TimeModel(
     weights=EXERCISE_WEIGHTS,
 )
 MODELS = {m.name: m for m in (STATED, CALIBRATED)}
-#: The switch: every stated time follows this model. Flip it to CALIBRATED, then run
-#: ``--write`` (which rewrites the stated times) once the notebooks fit it.
-MODEL = STATED
+#: The switch: every stated time follows this model. CALIBRATED since issue 38 (the notebooks
+#: were cut to fit it); STATED, the flat model before it, stays for comparison (``--model stated``).
+MODEL = CALIBRATED
+#: The model a plain run prints by sections; ``--model`` with another prints the comparison table.
+DEFAULT_MODEL = MODEL
 #: Issue 38's reviewer's estimate for a careful learner, minutes per notebook (by number), shown
-#: beside the calibrated model's by ``--model calibrated``; not used by any check.
+#: beside another model's by ``--model``; not used by any check.
 REVIEWER_MIN = {
     "00": 35, "01": 40, "02": 30, "03": 70, "04": 55, "05": 55,
     "06": 60, "07": 55, "08": 40, "09": 45, "10": 55, "11": 45,
@@ -1103,7 +1106,7 @@ def _main(argv: list[str] | None) -> int:
         if found:
             print("run: python tools/course_times.py --write")
         return 1 if found else 0
-    if MODEL is not STATED:
+    if MODEL is not DEFAULT_MODEL:
         print(model_table(ests))
         return 0
     for name, est in ests.items():
