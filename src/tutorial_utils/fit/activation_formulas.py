@@ -12,9 +12,11 @@ for the multiples on the pass's own figures and writes them to ``activation_term
 shapes and asserts the formula equals it, to the byte.
 
 Where no formula is written, the pass runs (torch is imported then): the matmul policies
-(``every-matmul``, ``selective``: which matmul is saved is decided op by op), cross-entropy
-in chunks (each chunk's size is rounded up), explicit attention (its s x s scores are not a
-multiple of the tokens) and any other block (a LayerNorm + SwiGLU block from ``--dims``).
+(``every-matmul``, ``selective``: backward recomputes part of each block, and its peak is the
+largest of more sums than the tool separates), cross-entropy in chunks (each chunk's size is
+rounded up), explicit attention (its s x s scores are not a multiple of the tokens), any other
+block (a LayerNorm + SwiGLU block from ``--dims``), and any case the tool could not solve
+(``activation_terms.MISSING``).
 """
 
 from __future__ import annotations

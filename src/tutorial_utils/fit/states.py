@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from .. import formulas
-from ..decoder import DecoderConfig
+from ..decoder_config import DecoderConfig
 from .shapes import counts, lora_counts
 
 __all__ = ["STATES", "Lora", "States", "model_states", "nf4_bytes"]
