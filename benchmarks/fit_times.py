@@ -79,12 +79,16 @@ def main() -> None:
 
     fit.will_it_fit("gpt2", seq=64)  # one answer first: the typical call is not the first
 
-    def typical(i: int):
+    def empty_caches():
         fit.activation_formulas.activations.cache_clear()
+        fit.activations.activations.cache_clear()
+
+    def typical(i: int):
+        empty_caches()
         return fit.will_it_fit("llama-3.1-8b", batch=1 + i, seq=4096, gpu="H100")
 
     def advice():
-        fit.activation_formulas.activations.cache_clear()
+        empty_caches()
         return fit.advise(fit.will_it_fit("llama-3.2-1b", batch=8, seq=4096, gpu="RTX 4090"))
 
     rows["typical call, a new shape (warm)"] = [

@@ -271,18 +271,19 @@ def _read_calculator(page) -> dict:
     )
 
 
-def _wait_redrawn(page, before: dict) -> dict:
-    """Wait until the bar and the verdict both differ from ``before`` (and it is not updating)."""
+def _wait_redrawn(page, before: dict, says: str) -> dict:
+    """Wait until the bar and the verdict both differ from ``before`` and the verdict says
+    ``says`` (the answer to the last change, not to one the kernel is still working through)."""
     page.wait_for_function(
+        "(before) => { const t = (document.querySelector('.tu-fit-summary') || {}).textContent;"
+        " return t && t !== before[0] && !t.includes('updating') && t.includes(before[1]); }",
+        arg=[before["summary"], says],
+        timeout=60_000,
+    )
+    page.wait_for_function(  # the bar of that same answer (it is drawn before the verdict)
         "(before) => { const img = document.querySelector('img.tu-fit-picture');"
         " return img && img.src && img.src !== before; }",
         arg=before["image"],
-        timeout=60_000,
-    )
-    page.wait_for_function(
-        "(before) => { const t = (document.querySelector('.tu-fit-summary') || {}).textContent;"
-        " return t && t !== before && !t.includes('updating'); }",
-        arg=before["summary"],
         timeout=60_000,
     )
     return _read_calculator(page)
@@ -298,10 +299,10 @@ def test_calculator_bar_and_verdict_redraw_when_two_knobs_move(browser_ready, tm
         handle.focus()
         for _ in range(7):  # the keyboard moves a noUiSlider handle one step per press
             handle.press("ArrowRight")
-        second = _wait_redrawn(page, first)
+        second = _wait_redrawn(page, first, "batch 8 x 512")
         rank = page.locator(".widget-dropdown", has_text="lora_rank").locator("select").first
         rank.select_option(label="16")
-        third = _wait_redrawn(page, second)
+        third = _wait_redrawn(page, second, "LoRA rank 16")
 
     assert "per GPU" in first["summary"] and "fits on" in first["summary"], first
     assert first["image"].startswith(("blob:", "data:image/png")), first["image"][:40]

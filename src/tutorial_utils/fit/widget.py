@@ -305,7 +305,8 @@ class Calculator:
             self.updates.append(time.perf_counter() - start)
             return
         self.report = report
-        lines = [f"<b>{html.escape(report.verdict)}</b>"]
+        asked = f"{report.preset}, batch {report.batch} x {report.seq}"  # as the bar's title
+        lines = [f"{html.escape(asked)}: <b>{html.escape(report.verdict)}</b>"]
         if report.extras:  # the knobs away from their defaults, in words
             lines.append(f"With {html.escape(', '.join(report.extras))}.")
         if report.fits is False:
