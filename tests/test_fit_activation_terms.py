@@ -96,11 +96,14 @@ def test_the_common_questions_have_a_formula():
 
 
 def test_no_formula_where_the_pass_decides():
-    """The matmul policies, explicit attention, cross-entropy in chunks and a LayerNorm + SwiGLU
-    block: the pass."""
+    """The matmul policies, QLoRA, explicit attention, cross-entropy in chunks and a LayerNorm +
+    SwiGLU block: the pass."""
     _, cfg = shapes.config("llama-1b")
     for policy in ("every-matmul", "every-second-matmul"):
         assert af.by_formula(cfg, 1, 512, "autocast-bf16", policy) is None
+    qlora = Lora(16, "attention", "nf4")  # its frozen linears dequantize: not solved for
+    assert af.by_formula(cfg, 1, 512, "bf16-master", "none", qlora) is None
+    assert af.by_formula(cfg, 1, 512, "bf16-master", "none", Lora(16, "attention")) is not None
     assert af.by_formula(cfg, 1, 512, "autocast-bf16", "none", ce_chunks=8) is None
     assert af._case(dataclasses.replace(cfg, attention="explicit"), "fp32", "none", None, 1) is None
     odd = dataclasses.replace(cfg, norm="layer")

@@ -1,6 +1,6 @@
 """Write ``fit/activation_terms.py``: the fake-tensor pass's activations as formulas, per family.
 
-    python tools/fit_activation_terms.py          # about 10 minutes of CPU; rewrites the file
+    python tools/fit_activation_terms.py   # about 11 minutes on 2 loaded cores; rewrites the file
 
 Why: ``fit.activations`` runs one block and the head on fake tensors, exact but it needs torch
 (seconds to import). Every figure it books is, for a block family (norm x MLP), a recipe's

@@ -15,8 +15,8 @@ Where no formula is written, the pass runs (torch is imported then): the matmul 
 (``every-matmul``, ``selective``: backward recomputes part of each block, and its peak is the
 largest of more sums than the tool separates), cross-entropy in chunks (each chunk's size is
 rounded up), explicit attention (its s x s scores are not a multiple of the tokens), any other
-block (a LayerNorm + SwiGLU block from ``--dims``), and any case the tool could not solve
-(``activation_terms.MISSING``).
+block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base or with dropout, and
+any case the tool could not solve (``activation_terms.MISSING``).
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ def _case(cfg: DecoderConfig, precision: str, checkpointing: str, lora, ce_chunk
         return None
     if checkpointing not in ("none", "full"):
         return None
+    if lora is not None and (lora.base != "bf16" or getattr(lora, "dropout", 0)):
+        return None  # solved for adapters on a bf16 base without dropout only
     if precision == "fp32":
         recipe = "fp32"
     elif precision.startswith("autocast"):
