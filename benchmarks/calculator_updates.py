@@ -7,8 +7,9 @@ Issue 21 asks for at most 2 s per change for presets up to 8B on a 2-core machin
 preset, three kinds of change, each timed by ``Calculator.updates`` (the whole redraw: the
 answer, the advice when it does not fit, the summary, the bar rendered to a PNG):
 
-- a new shape: the block and the head run on fake tensors (``fit.activations.activations``
-  is cleared before each run, so every run pays it);
+- a new shape: the activations by formula (``fit.activation_formulas``), or where none is
+  written (the widget's default, selective checkpointing) the block and the head on fake
+  tensors; both caches are cleared before each run, so every run pays it;
 - another new batch;
 - a shape seen before, answered from the cache.
 
@@ -41,19 +42,28 @@ def summary(seconds: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each change (at least 5)")
+    parser.add_argument(
+        "--checkpointing",
+        default="every-second-matmul",
+        help="the widget's default (selective: no formula, fake tensors); none or full: formula",
+    )
+    parser.add_argument("--presets", nargs="*", default=list(PRESETS), metavar="NAME")
     args = parser.parse_args()
     if args.runs < 5:
         parser.error("--runs must be 5 or more: a median of fewer says little on a busy machine")
     start = time.perf_counter()
-    calc = Calculator(preset="gpt2-124m", seq=512, sharding="none", n_gpus=1)
+    calc = Calculator(
+        preset="gpt2-124m", seq=512, sharding="none", n_gpus=1, checkpointing=args.checkpointing
+    )
     print(f"first Calculator(): {time.perf_counter() - start:.2f} s (imports, first fake run)")
-    print(f"medians of {args.runs} runs (min-max)")
+    print(f"medians of {args.runs} runs (min-max), checkpointing {args.checkpointing}")
     print(f"{'preset':>10}  {'new shape':>19}  {'new batch':>19}  {'cached':>19}")
-    for name in PRESETS:
+    for name in args.presets:
         seq = 1024 if name.startswith("gpt2") else 2048
         times: dict[str, list[float]] = {"new": [], "again": [], "cached": []}
         for _ in range(args.runs):
             fit.activations.activations.cache_clear()  # every run answers from scratch
+            fit.activation_formulas.activations.cache_clear()
             calc.set(preset=name, seq=seq, batch=3, sharding="zero3", n_gpus=8)
             times["new"].append(calc.updates[-1])
             calc.set(batch=5)

@@ -1,20 +1,22 @@
-"""The calculator's speed: ``--help``, a typical call and the advice search, medians of 5.
+"""The calculator's speed: ``--help``, typical calls, the advice search, medians of 5.
 
     python benchmarks/fit_times.py            # 5 runs of each (about a minute on 2 cores)
     python benchmarks/fit_times.py --runs 9
 
 Issue 39's targets, on a quiet 2-core machine: ``--help`` under 0.5 s, a typical call at most
 1 s of CPU, the advice search at most 3 s. Each figure is CPU seconds (what the machine's load
-does not inflate) beside wall seconds; nothing here fails (no test asserts a time).
+does not inflate) beside wall seconds, with the load average printed first; nothing here fails
+(no test asserts a time; ``tests/test_fit_cli.py`` checks what makes a call quick: no torch).
 
-- ``--help``: ``python -m tutorial_utils fit --help`` in a fresh Python (no torch: the tests
-  check that), the child's CPU seconds from ``resource.RUSAGE_CHILDREN``;
-- first call: ``python -m tutorial_utils fit llama-3.1-8b --gpu H100`` in a fresh Python:
-  importing torch, the first fake-tensor pass, the answer;
-- typical call: ``will_it_fit`` on a shape not asked before (``fit.activations`` cleared) in a
-  Python that has answered once: the question a widget or a second call asks;
-- advice: ``advise`` for issue 39's example (``llama-3.2-1b``, batch 8 x 4096, RTX 4090),
-  every knob it tries from an empty cache.
+- fresh Python: ``python -m tutorial_utils fit ARGS`` as a person types it, the child's CPU
+  seconds from ``resource.RUSAGE_CHILDREN``, and whether it imported torch (the activations
+  come from ``fit.activation_formulas``; a case with no formula, such as cross-entropy in
+  chunks, runs the fake-tensor pass and imports torch: the last row shows that cost);
+- the advice: issue 39's example (``llama-3.2-1b``, batch 8 x 4096, RTX 4090), which does not
+  fit, so the answer includes the search, in a fresh Python and in a warm one from an empty
+  cache;
+- typical call, warm: ``will_it_fit`` on a shape not asked before, in a Python that has
+  answered once (what the widget asks).
 """
 
 from __future__ import annotations
@@ -28,59 +30,79 @@ import sys
 import time
 
 PYTHON = sys.executable
+#: Run the CLI as ``-m`` does, then say on stderr's last line whether torch was imported.
+_CHILD = (
+    "import sys\nfrom tutorial_utils.__main__ import main\n"
+    "try:\n    code = main(['fit', *sys.argv[1:]])\nexcept SystemExit as e:\n    code = e.code\n"
+    "print('torch' in sys.modules, file=sys.stderr)\nsys.exit(code)"
+)
 
 
-def child(*args: str) -> tuple[float, float]:
-    """(CPU, wall) seconds of a fresh ``python -m tutorial_utils fit ...``."""
+def child(*args: str) -> tuple[float, float, bool]:
+    """(CPU, wall, imported torch) of a fresh ``python -m tutorial_utils fit ...``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([PYTHON, "-m", "tutorial_utils", "fit", *args], capture_output=True)
+    done = subprocess.run([PYTHON, "-c", _CHILD, *args], capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
         raise RuntimeError(f"fit {' '.join(args)} exited with {done.returncode}: {done.stderr}")
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return cpu, wall
+    return cpu, wall, done.stderr.splitlines()[-1] == "True"
 
 
-def in_process(call) -> tuple[float, float]:
+def in_process(call) -> tuple[float, float, bool]:
     cpu, start = time.process_time(), time.perf_counter()
     call()
-    return time.process_time() - cpu, time.perf_counter() - start
+    return time.process_time() - cpu, time.perf_counter() - start, "torch" in sys.modules
+
+
+ADVICE = ("llama-3.2-1b", "--batch", "8", "--seq", "4096", "--gpu", "RTX 4090")
+FRESH = {
+    "--help": ("--help",),
+    "llama-3.1-8b --gpu H100 (README)": ("llama-3.1-8b", "--gpu", "H100"),
+    "mistral-7b": ("mistral-7b",),
+    "llama-3.1-8b --lora 16": ("llama-3.1-8b", "--lora", "16"),
+    "llama-3.1-70b --tp 8 --gpus 64": ("llama-3.1-70b", "--tp", "8", "--gpus", "64"),
+    "advice: llama-3.2-1b b8 x 4096, RTX 4090": ADVICE,
+    "no formula: gpt2 --ce-chunks 8": ("gpt2", "--ce-chunks", "8"),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     runs = parser.parse_args().runs
+    rows = {f"fit {what} (fresh)": [child(*a) for _ in range(runs)] for what, a in FRESH.items()}
+
     from tutorial_utils import fit
 
     fit.will_it_fit("gpt2", seq=64)  # one answer first: the typical call is not the first
 
-    def typical(i: int):
+    def empty_caches():
+        fit.activation_formulas.activations.cache_clear()
         fit.activations.activations.cache_clear()
+
+    def typical(i: int):
+        empty_caches()
         return fit.will_it_fit("llama-3.1-8b", batch=1 + i, seq=4096, gpu="H100")
 
     def advice():
-        fit.activations.activations.cache_clear()
+        empty_caches()
         return fit.advise(fit.will_it_fit("llama-3.2-1b", batch=8, seq=4096, gpu="RTX 4090"))
 
-    rows = {
-        "--help (fresh Python)": [child("--help") for _ in range(runs)],
-        "first call, llama-3.1-8b --gpu H100 (fresh Python)": [
-            child("llama-3.1-8b", "--gpu", "H100") for _ in range(runs)
-        ],
-        "typical call, a new shape (warm Python)": [
-            in_process(lambda i=i: typical(i)) for i in range(runs)
-        ],
-        "advice, llama-3.2-1b b8 x 4096 on an RTX 4090": [in_process(advice) for _ in range(runs)],
-    }
+    rows["typical call, a new shape (warm)"] = [
+        in_process(lambda i=i: typical(i)) for i in range(runs)
+    ]
+    rows["advice, empty cache (warm)"] = [in_process(advice) for _ in range(runs)]
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs, {runs} runs each")
-    print(f"{'what':<52}{'CPU s (median)':>16}{'wall s (median)':>17}")
+    print(f"{'what':<58}{'CPU s':>8}{'wall s':>8}  torch")
     for what, times in rows.items():
         cpu = statistics.median(t[0] for t in times)
         wall = statistics.median(t[1] for t in times)
-        print(f"{what:<52}{cpu:>16.2f}{wall:>17.2f}")
+        torch = "yes" if any(t[2] for t in times) else "no"
+        print(f"{what:<58}{cpu:>8.2f}{wall:>8.2f}  {torch}")
+    print("(medians; CPU s is user + system time of the child, or of this process when warm)")
 
 
 if __name__ == "__main__":

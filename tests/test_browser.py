@@ -1,8 +1,8 @@
 """A real browser: JupyterLab + headless Chromium run the course's widgets and see them move.
 
 Two notebooks: a LiveGauge (its bars and numbers must change while a cell allocates), and the
-"will it fit" calculator (moving its batch slider with the keyboard must redraw the bar and the
-verdict).
+"will it fit" calculator (moving its batch slider with the keyboard, then its LoRA rank dropdown,
+must each redraw the bar and the verdict).
 
 Each starts ``jupyter lab`` on 127.0.0.1 with a token in a temporary root holding one of
 ``tests/browser/*.py`` (converted to a notebook with jupytext), drives Debian's Chromium
@@ -271,7 +271,27 @@ def _read_calculator(page) -> dict:
     )
 
 
-def test_calculator_bar_redraws_when_the_batch_slider_moves(browser_ready, tmp_path):
+def _wait_redrawn(page, before: dict, says: str) -> dict:
+    """Wait until the bar and the verdict both differ from ``before`` and the verdict says
+    ``says`` (the answer to the last change, not to one the kernel is still working through)."""
+    page.wait_for_function(
+        "(before) => { const t = (document.querySelector('.tu-fit-summary') || {}).textContent;"
+        " return t && t !== before[0] && !t.includes('updating') && t.includes(before[1]); }",
+        arg=[before["summary"], says],
+        timeout=60_000,
+    )
+    page.wait_for_function(  # the bar of that same answer (it is drawn before the verdict)
+        "(before) => { const img = document.querySelector('img.tu-fit-picture');"
+        " return img && img.src && img.src !== before; }",
+        arg=before["image"],
+        timeout=60_000,
+    )
+    return _read_calculator(page)
+
+
+def test_calculator_bar_and_verdict_redraw_when_two_knobs_move(browser_ready, tmp_path):
+    """The batch slider (by keyboard), then the LoRA rank dropdown: each redraws the bar and
+    the verdict, and the verdict names the knob's effect."""
     with _lab_page(CALCULATOR_SOURCE, tmp_path, "browser_calculator") as page:
         page.wait_for_selector("img.tu-fit-picture", timeout=120_000)
         first = _read_calculator(page)
@@ -279,22 +299,17 @@ def test_calculator_bar_redraws_when_the_batch_slider_moves(browser_ready, tmp_p
         handle.focus()
         for _ in range(7):  # the keyboard moves a noUiSlider handle one step per press
             handle.press("ArrowRight")
-        page.wait_for_function(
-            "(before) => { const img = document.querySelector('img.tu-fit-picture');"
-            " return img && img.src !== before; }",
-            arg=first["image"],
-            timeout=60_000,
-        )
-        page.wait_for_function(
-            "(before) => { const t = (document.querySelector('.tu-fit-summary') || {}).textContent;"
-            " return t && t !== before && !t.includes('updating'); }",
-            arg=first["summary"],
-            timeout=60_000,
-        )
-        second = _read_calculator(page)
+        second = _wait_redrawn(page, first, "batch 8 x 512")
+        rank = page.locator(".widget-dropdown", has_text="lora_rank").locator("select").first
+        rank.select_option(label="16")
+        third = _wait_redrawn(page, second, "LoRA rank 16")
 
     assert "per GPU" in first["summary"] and "fits on" in first["summary"], first
     assert first["image"].startswith(("blob:", "data:image/png")), first["image"][:40]
     assert (first["batch"], second["batch"]) == ("1", "8"), (first["batch"], second["batch"])
-    assert second["image"] != first["image"], "the bar did not redraw"
+    assert second["image"] != first["image"], "the bar did not redraw for the batch"
     assert second["summary"] != first["summary"], (first["summary"], second["summary"])
+    assert "LoRA" not in second["summary"], second["summary"]
+    assert third["image"] != second["image"], "the bar did not redraw for the LoRA rank"
+    assert "LoRA rank 16" in third["summary"] and "fits on" in third["summary"], third
+    assert third["batch"] == "8", third  # the first knob kept its place

@@ -219,8 +219,8 @@ def test_several_gpus_without_sharding_are_ddp_with_its_buckets():
 
 def test_a_huge_batch_allocates_nothing_and_answers_fast(monkeypatch):
     # issue 37: this also held the answer to < 20 s of wall clock; what makes it quick is what
-    # runs: one block and the embedding + head on fake tensors, not the 12 layers (seconds:
-    # benchmarks/response_times.py)
+    # runs: a formula (fit.activation_formulas), or where none is written one block and the
+    # embedding + head on fake tensors, never the 12 layers (seconds: benchmarks/fit_times.py)
     import resource
 
     from tutorial_utils.decoder import Block
@@ -234,9 +234,12 @@ def test_a_huge_batch_allocates_nothing_and_answers_fast(monkeypatch):
 
     monkeypatch.setattr(fit.activations, "_fake_pass", fake_pass)
     fit.activations.activations.cache_clear()  # from scratch, not an earlier test's cache
+    fit.activation_formulas.activations.cache_clear()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    big = fit.will_it_fit("mistral-7b", batch=10_000, seq=1024, precision="bf16-master")
+    assert passes == [] and big.categories["activations"] > 100 * 2**30  # by formula
     r = fit.will_it_fit("gpt2", batch=100_000, seq=1024, precision="bf16-master")
-    assert passes == [1, 0], passes  # one block, then the head: never the whole model
+    assert passes == [1, 0], passes  # no formula (a tied head): one block, then the head
     assert r.categories["activations"] > 100 * 2**30  # hundreds of GiB, none of them real
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 200 * 1024, f"the process grew by {grown_kib} KiB: something was real"

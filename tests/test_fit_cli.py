@@ -93,6 +93,37 @@ def test_an_argument_error_answers_before_importing_torch():
     assert not imported, "an argument error imported torch first"
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("llama-3.1-8b",),
+        ("mistral-7b",),
+        ("qwen2.5-7b", "--batch", "2", "--seq", "4096"),
+        ("llama-3.1-70b", "--tp", "8", "--gpus", "64"),
+        ("llama-3.1-8b", "--sharding", "fsdp2", "--gpus", "8", "--gpu", "H100"),
+        ("llama-3.1-8b", "--precision", "mixed", "--lora", "16"),
+    ],
+)
+def test_a_typical_question_answers_without_importing_torch(args):
+    """Questions with an activation formula (fit.activation_formulas, checked against the
+    fake-tensor pass in tests/test_fit_activation_terms.py) answer with no torch in a fresh
+    Python, which is what keeps a call well under a second of CPU (benchmarks/fit_times.py
+    times it). Advice that tries a case with no formula (full checkpointing, LoRA under
+    autocast) imports torch for it: test_a_question_with_no_formula_still_answers."""
+    imported, done = _imports_torch(*args)
+    assert done.returncode in (0, 1), done.stderr  # 1: it does not fit
+    assert "GiB" in done.stdout and ("fits" in done.stdout or "peak" in done.stdout), done.stdout
+    assert not imported, f"fit {' '.join(args)} imported torch"
+
+
+def test_a_question_with_no_formula_still_answers_on_fake_tensors():
+    """Cross-entropy in chunks has no formula (each chunk's size is rounded up): the pass runs,
+    torch is imported, and the answer comes all the same."""
+    imported, done = _imports_torch("gpt2", "--seq", "256", "--ce-chunks", "8")
+    assert done.returncode in (0, 1), done.stderr
+    assert imported and "GiB" in done.stdout
+
+
 @pytest.mark.heavy
 def test_the_persons_question_gets_a_verdict_and_the_change_that_helps(capsys):
     done = _run(capsys, *PERSON)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from .decoder import DecoderConfig
+from .decoder_config import DecoderConfig
 
 __all__ = [
     "BYTES_PER_PARAMETER",

@@ -1,7 +1,8 @@
 # %% [markdown]
 # # Calculator browser check
 # Opened by `tests/test_browser.py`: the "will it fit" calculator of notebook 03; the test
-# moves the batch slider with the keyboard and checks that the bar and the verdict redraw.
+# moves the batch slider with the keyboard, then picks a LoRA rank, and checks that the bar and
+# the verdict redraw after each.
 
 # %%
 from IPython.display import display

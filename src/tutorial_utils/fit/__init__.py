@@ -6,9 +6,11 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``presets``: models by name (with each shape's config.json source) or by config.json, no torch
 - ``cards``: GPU cards as programs see them, and sizes (``24GB``), no torch
 - ``headroom``: the CUDA context and the allocator's reserve, each with its source
-- ``shapes``: the model's ``DecoderConfig`` and its parameter counts (meta, cached)
+- ``shapes``: the model's ``DecoderConfig`` and its parameter counts (by formula, no torch)
 - ``states``: weights, gradients, master weights, optimizer state (8-bit, LoRA, QLoRA)
 - ``activations``: one block and the head on fake tensors (checkpointing, LoRA, chunked loss)
+- ``activation_formulas``: the same figures by formula, no torch (``activation_terms``, which
+  ``tools/fit_activation_terms.py`` writes); the fake-tensor pass where no formula is written
 - ``temporaries``: what the optimizer step allocates (foreach, fused, for-loop)
 - ``profiles``: one GPU's share: DDP, ZeRO-1/2/3, FSDP1, FSDP2, and TP/PP/CP degrees
 - ``report``: ``FitReport``, the answer: categories, verdict, bar
@@ -18,7 +20,8 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``scope``: ``scope.table()``, the table of what it models and what it does not (notebook 03)
 
 ``from tutorial_utils import fit; fit.will_it_fit("llama-3.1-8b", gpu="H100")``. The names
-below load on first use, so ``fit.inputs`` (and ``--help``) never import torch.
+below load on first use, so ``fit.inputs`` (and ``--help``) never import torch, and a
+question with a formula for its activations answers without it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ _MODULES = (
     "shapes",
     "states",
     "activations",
+    "activation_formulas",
     "temporaries",
     "profiles",
     "report",

@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..decoder import Block, Decoder, DecoderConfig
+from .activation_formulas import BF16_MODULE, Pass, same_module
 from .states import Lora
 
 __all__ = [
@@ -38,9 +38,6 @@ __all__ = [
     "stream_dtype",
     "with_lora",
 ]
-
-#: The recipes whose module itself is bf16 (its activations are bf16 too).
-BF16_MODULE = ("bf16-master", "bf16-master-fp32-grads", "pure-bf16")
 
 
 def _matmul_policy(every: int):
@@ -221,21 +218,6 @@ def with_lora(block: Block, cfg: DecoderConfig, lora: Lora) -> Block:
     return block
 
 
-@dataclass(frozen=True)
-class Pass:
-    """One part's forward and backward on fake tensors, in bytes above what it started with.
-
-    ``held``: kept at the end of forward (saved tensors and the output); ``forward_over``: the
-    forward's peak above ``held``; ``backward_over``: backward's peak above ``held``, less the
-    weight gradients (``grads``, a category of their own).
-    """
-
-    held: int
-    forward_over: int
-    backward_over: int
-    grads: int
-
-
 def _fake_pass(build, make_input, loss, precision: str, checkpointing: str) -> Pass:
     """Run ``loss(build()(make_input()))`` forward and backward on fake tensors and book it."""
     from ..anatomy import _booking_fake_mode_class, _fake_model, _FakeAccountant
@@ -273,11 +255,6 @@ def _fake_pass(build, make_input, loss, precision: str, checkpointing: str) -> P
             acc.close_window(window)
             del y
     return Pass(held, max(forward_over, 0), max(backward_over, 0), grads)
-
-
-def same_module(precision: str) -> str:
-    """The recipe whose activations ``precision``'s equal (one cache entry for the bf16 ones)."""
-    return "bf16-master" if precision in BF16_MODULE else precision
 
 
 def stream_dtype(precision: str) -> torch.dtype:

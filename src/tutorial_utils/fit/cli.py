@@ -1,8 +1,9 @@
 """``python -m tutorial_utils fit MODEL [options]``: will it fit, and what to change if not.
 
 One job: the calculator's command line. Its parser and every check of the arguments run
-before torch is imported, so ``--help`` and a mistyped argument answer at once (torch takes
-seconds to import); ``peak`` and ``advice`` are imported only to answer.
+before ``peak`` and ``advice`` are imported, and those import torch only for a question with
+no activation formula (``activation_formulas`` says which), so ``--help``, a mistyped
+argument and the common questions answer without it (torch takes seconds to import).
 
     python -m tutorial_utils fit llama-3-8b --precision bf16 --optimizer adam \\
         --seq 4096 --batch 4 --gpu 80GB
@@ -58,7 +59,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m tutorial_utils fit",
         description=(
             "Will it fit? One GPU's memory at the peak of a training step in eager mode "
-            "(activations exact on fake tensors: nothing is allocated), the headroom kept, and "
+            "(activations exact: by a formula checked against fake tensors, or on fake tensors; "
+            "nothing is allocated), the headroom kept, and "
             "the smallest changes that make it fit, each with its cost."
         ),
         epilog=f"GPUs in the table: {', '.join(cards.CARDS)}. The answer is for eager mode.",
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     except _Refused as err:
         print(f"fit: {err}", file=sys.stderr)
         return 2
-    from .advice import advise  # torch: only now
+    from .advice import advise  # torch only where no formula is written
     from .headroom import HEADROOM
     from .peak import will_it_fit
 

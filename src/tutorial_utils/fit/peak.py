@@ -4,7 +4,8 @@ One job: for a model's shape, a batch, a sequence length and the knobs (precisio
 and its implementation, checkpointing, a profile over some GPUs, LoRA, ...), the bytes one GPU
 holds at each moment of the step, and the largest of them, the peak, with the headroom a real
 process needs beside its tensors, against a card. The terms come from the modules below it:
-states (model states), profiles (one GPU's share), activations (fake tensors),
+states (model states), profiles (one GPU's share), activations (activation_formulas: by
+formula, or on fake tensors where none is written),
 temporaries (the optimizer step) and headroom.
 
 **Peak, not sum.** The step's peak is the largest of four moments:
@@ -29,13 +30,11 @@ import dataclasses
 import math
 import time
 
-import torch
-
 from .. import formulas
-from ..decoder import DecoderConfig
+from ..decoder_config import DecoderConfig
 from ..units import format_bytes
 from . import cards, inputs
-from .activations import activations, same_module, stream_dtype
+from .activation_formulas import activations, same_module
 from .headroom import HEADROOM
 from .profiles import Mesh, spread, tp_block_held
 from .report import FitReport
@@ -58,11 +57,7 @@ def _formula_total(
     cached 16-bit weight copies. None for the matmul policies (no closed form)."""
     if ckpt not in ("none", "full"):
         return None
-    e = (
-        4
-        if stream_dtype(precision) == torch.float32 and not precision.startswith("autocast")
-        else 2
-    )
+    e = 4 if precision == "fp32" else 2  # the residual stream's element size
     plain = dataclasses.replace(cfg, attention="sdpa")
     layer = formulas.block_activation_bytes(plain, batch, seq, e)
     if ckpt == "full":

@@ -2,7 +2,9 @@
 
 One job: from what ``presets`` read, the course's decoder config, and the parameter counts the
 terms need (the whole model, one block, the root that FSDP wraps last, the weights LoRA adapts),
-counted on a one-block model built on ``meta`` (nothing allocated) and cached per shape.
+each read from the shape by formula (``decoder.Decoder``'s parameters in the order it makes
+them; ``tests/test_fit_activation_terms.py`` checks them against a model built on ``meta``),
+with no torch, and cached per shape.
 """
 
 from __future__ import annotations
@@ -10,10 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-import torch
-
-from ..decoder import PRESETS as DECODER_PRESETS
-from ..decoder import Decoder, DecoderConfig
+from ..decoder_config import PRESETS as DECODER_PRESETS
+from ..decoder_config import DecoderConfig
 from . import presets
 
 __all__ = ["Counts", "config", "counts", "lora_counts"]
@@ -56,17 +56,30 @@ class Counts:
         return [*self.root_tensors, *self.block_tensors * self.n_layers]
 
 
+def _norm(cfg: DecoderConfig) -> list[int]:
+    return [cfg.d_model] * (2 if cfg.norm == "layer" else 1)  # weight (and LayerNorm's bias)
+
+
+def _linear(fan_in: int, fan_out: int, bias: bool) -> list[int]:
+    return [fan_out * fan_in] + ([fan_out] if bias else [])
+
+
 @functools.cache
 def counts(cfg: DecoderConfig) -> Counts:
-    """The counts of ``cfg``, from a one-block model built on meta."""
-    with torch.device("meta"):
-        model = Decoder(cfg, n_layers=1)
-    block = tuple(p.numel() for p in model.blocks[0].parameters())
-    inside = {id(p) for p in model.blocks[0].parameters()}
-    root = tuple(p.numel() for p in model.parameters() if id(p) not in inside)
+    """The counts of ``cfg``: each parameter of ``decoder.Decoder`` in the order it makes them
+    (norm1, attention's qkv and proj, norm2, the MLP's up, gate and down; the embedding,
+    positions, final norm and an untied head around the blocks)."""
+    h, kv = cfg.d_model, cfg.kv_heads * cfg.head_dim
+    block = [*_norm(cfg), *_linear(h, cfg.q_dim + 2 * kv, cfg.bias or cfg.qkv_bias)]
+    block += [*_linear(cfg.q_dim, h, cfg.bias), *_norm(cfg), *_linear(h, cfg.ff, cfg.bias)]
+    if cfg.mlp == "swiglu":
+        block += _linear(h, cfg.ff, cfg.bias)
+    block += _linear(cfg.ff, h, cfg.bias)
+    root = [cfg.vocab * h] + ([cfg.max_positions * h] if cfg.max_positions else [])
+    root += _norm(cfg) + ([] if cfg.tied else [cfg.vocab * h])
     total = sum(root) + cfg.n_layers * sum(block)
-    largest = max(p.numel() for p in model.parameters())
-    return Counts(total, sum(block), largest, block, root, cfg.n_layers)
+    largest = max(root + block)
+    return Counts(total, sum(block), largest, tuple(block), tuple(root), cfg.n_layers)
 
 
 #: The linear layers of one block each LoRA target adapts, as (in, out) features.

@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from .. import formulas
-from ..decoder import DecoderConfig
+from ..decoder_config import DecoderConfig
 from .shapes import counts, lora_counts
 
 __all__ = [

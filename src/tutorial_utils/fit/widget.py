@@ -6,11 +6,19 @@ finds what to change; this module only draws them. In a notebook:
     from tutorial_utils.calculator import Calculator
     Calculator(preset="llama-3-8b", gpu="H100")   # the knobs, a stacked bar, the verdict
 
+Its knobs are every input of ``will_it_fit`` but PP's micro-batch count: the model, GPU,
+batch and sequence; precision, optimizer (8-bit included) and its implementation,
+checkpointing; the profile (DDP, ZeRO, FSDP1, FSDP2 with its resharding and reduce dtype) over
+GPUs with TP, PP and CP degrees; LoRA's rank, targets and base (QLoRA), cross-entropy chunks,
+gradient accumulation; activation and CPU offload, the optimizer step in backward, headroom.
+
 ``Calculator.set(batch=4)`` turns knobs from code (what a test does), with the names people
 type (``precision="bf16"``, ``optimizer="adam"``). A value a slider cannot show widens the
 slider, never clamps silently; a value or combination the calculator refuses is said in the
 summary (``.error``), and ``.report`` is then None: an old answer is never shown as the new
-one. ``.picture.value`` is the bar as PNG bytes, ``.updates`` the seconds each update took.
+one. ``.picture.value`` is the bar as PNG bytes (``.drawn`` the report it was drawn from, always
+``.report``; ``.chart_title`` its title), ``.updates`` the seconds each update took. While an
+update works the summary says "updating..." and the old bar is gone.
 Without ipywidgets, building one says what to use instead.
 """
 
@@ -45,11 +53,32 @@ _DEFAULTS = {
     "headroom": True,
     "optimizer_impl": "foreach",
     "lora_rank": 0,
+    "lora_targets": "attention",
+    "lora_base": "bf16",
+    "ce_chunks": 1,
+    "activation_offload": False,
+    "cpu_offload": False,
+    "optimizer_in_backward": False,
     "grad_accumulation": 1,
     "tp": 1,
+    "pp": 1,
+    "cp": 1,
+    "reshard_after_forward": True,
+    "reduce_dtype": "param",
 }
 LORA_RANKS = (0, 8, 16, 32, 64)  # 0: full training
-TP_DEGREES = (1, 2, 4, 8)
+TP_DEGREES = (1, 2, 4, 8)  # and PP's and CP's
+CE_CHUNKS = (1, 2, 4, 8, 16)  # torchtune's CEWithChunkedOutputLoss uses 8
+#: The knobs whose values are a short list (a value not in it is added, never refused).
+_CHOICES = ("seq", "gpu", "lora_rank", "tp", "pp", "cp", "ce_chunks")
+#: The True/False knobs.
+_SWITCHES = (
+    "headroom",
+    "activation_offload",
+    "cpu_offload",
+    "optimizer_in_backward",
+    "reshard_after_forward",
+)
 #: How each knob's value is read from what a person types (one sentence when it cannot be).
 _READ = {
     "preset": presets.model,
@@ -61,17 +90,27 @@ _READ = {
     "seq": lambda v: inputs.positive_int("seq", v),
     "n_gpus": lambda v: inputs.positive_int("n_gpus", v, largest=2**20),
     "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else cards.gpu(v).name,
-    "headroom": lambda v: _boolean(v),
     "optimizer_impl": inputs.optimizer_impl,
     "lora_rank": lambda v: 0 if v == 0 else inputs.positive_int("lora_rank", v, 2**16),
+    "lora_targets": inputs.lora_targets,
+    "lora_base": lambda v: _one_of("lora_base", v, ("bf16", "nf4")),
+    "reduce_dtype": lambda v: _one_of("reduce_dtype", v, ("param", "fp32")),
+    "ce_chunks": lambda v: inputs.positive_int("ce_chunks", v, 2**12),
     "grad_accumulation": lambda v: inputs.positive_int("grad_accumulation", v, 2**20),
-    "tp": lambda v: inputs.positive_int("tp", v, 2**12),
+    **{n: lambda v, n=n: inputs.positive_int(n, v, 2**12) for n in ("tp", "pp", "cp")},
+    **{n: lambda v, n=n: _boolean(n, v) for n in _SWITCHES},
 }
 
 
-def _boolean(value) -> bool:
+def _boolean(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"headroom must be True or False, not {value!r}")
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def _one_of(name: str, value, allowed: tuple) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
     return value
 
 
@@ -86,15 +125,16 @@ def _widgets():
     return ipywidgets
 
 
-def _png(report: fit_report.FitReport) -> bytes:
-    """The report's bar as PNG bytes (matplotlib's Agg canvas; no pyplot state is touched)."""
+def _png(report: fit_report.FitReport) -> tuple[bytes, str]:
+    """The report's bar as PNG bytes, and the chart's title (matplotlib's Agg canvas; no pyplot
+    state is touched)."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 2.8), dpi=100)
-    report.plot(figure.subplots())
+    ax = report.plot(figure.subplots())
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return buffer.getvalue(), ax.get_title()
 
 
 class Calculator:
@@ -127,17 +167,29 @@ class Calculator:
                 options=list(dict.fromkeys([_NO_GPU, *cards.CARDS, values["gpu"]])),
                 value=values["gpu"],
             ),
-            "headroom": w.Checkbox(value=values["headroom"]),
             "optimizer_impl": w.Dropdown(
                 options=inputs.OPTIMIZER_IMPLS, value=values["optimizer_impl"]
             ),
             "lora_rank": w.Dropdown(
                 options=sorted({*LORA_RANKS, values["lora_rank"]}), value=values["lora_rank"]
             ),
+            "lora_targets": w.Dropdown(options=inputs.LORA_TARGETS, value=values["lora_targets"]),
+            "lora_base": w.Dropdown(
+                options=[("bf16 (LoRA)", "bf16"), ("nf4 (QLoRA)", "nf4")],
+                value=values["lora_base"],
+            ),
+            "ce_chunks": w.Dropdown(
+                options=sorted({*CE_CHUNKS, values["ce_chunks"]}), value=values["ce_chunks"]
+            ),
             "grad_accumulation": w.IntSlider(
                 value=values["grad_accumulation"], min=1, max=max(64, values["grad_accumulation"])
             ),
-            "tp": w.Dropdown(options=sorted({*TP_DEGREES, values["tp"]}), value=values["tp"]),
+            **{
+                name: w.Dropdown(options=sorted({*TP_DEGREES, values[name]}), value=values[name])
+                for name in ("tp", "pp", "cp")
+            },
+            "reduce_dtype": w.Dropdown(options=("param", "fp32"), value=values["reduce_dtype"]),
+            **{name: w.Checkbox(value=values[name]) for name in _SWITCHES},
         }
         for name, knob in self.knobs.items():
             knob.description = name
@@ -149,22 +201,27 @@ class Calculator:
         # widget's value, so it redraws the same in JupyterLab, Colab and a test kernel
         self.picture = w.Image(format="png")
         self.picture.add_class("tu-fit-picture")
-        knobs_list = list(self.knobs.values())
+        # One row per question: the model and shape, the recipe, the profile over GPUs, LoRA
+        # and the loss, what is offloaded or stepped early
+        rows = (
+            ("preset", "gpu", "batch", "seq"),
+            ("precision", "optimizer", "optimizer_impl", "checkpointing"),
+            ("sharding", "n_gpus", "tp", "pp", "cp"),
+            ("lora_rank", "lora_targets", "lora_base", "ce_chunks", "grad_accumulation"),
+            ("reshard_after_forward", "reduce_dtype", "activation_offload", "cpu_offload"),
+            ("optimizer_in_backward", "headroom"),
+        )
+        assert sorted(n for row in rows for n in row) == sorted(self.knobs), "a knob unshown"
         self.widget = w.VBox(
-            [
-                w.HBox(knobs_list[:4]),
-                w.HBox(knobs_list[4:8]),
-                w.HBox(knobs_list[8:11]),
-                w.HBox(knobs_list[11:]),
-                self.summary,
-                self.picture,
-            ]
+            [w.HBox([self.knobs[n] for n in row]) for row in rows] + [self.summary, self.picture]
         )
         self.report: fit_report.FitReport | None = None
         self.advice: fit_advice.Advice | None = None
         self.error: str | None = None
         self.notes: list[str] = []  # what the last change did to a knob (a widened slider)
         self.updates: list[float] = []
+        self.drawn: fit_report.FitReport | None = None  # the report the bar was drawn from
+        self.chart_title = ""
         self._update()
 
     @staticmethod
@@ -212,7 +269,7 @@ class Calculator:
         if name in ("batch", "n_gpus", "grad_accumulation") and value > knob.max:
             knob.max = value
             self.notes.append(f"the {name} slider now goes to {value:,}")
-        elif name in ("seq", "gpu", "lora_rank", "tp") and value not in knob.options:
+        elif name in _CHOICES and value not in knob.options:
             knob.options = (
                 sorted({*knob.options, value})
                 if name != "gpu"
@@ -236,6 +293,7 @@ class Calculator:
         # the page says it is updating, and the old bar goes, so a verdict and a bar shown
         # together always belong to the same answer (the bar is drawn before the verdict)
         self.report, self.advice, self.error = None, None, None
+        self.drawn, self.chart_title = None, ""
         self.summary.value = "<i>updating...</i>"
         self.picture.value = b""
         try:
@@ -247,7 +305,10 @@ class Calculator:
             self.updates.append(time.perf_counter() - start)
             return
         self.report = report
-        lines = [f"<b>{html.escape(report.verdict)}</b>"]
+        asked = f"{report.preset}, batch {report.batch} x {report.seq}"  # as the bar's title
+        lines = [f"{html.escape(asked)}: <b>{html.escape(report.verdict)}</b>"]
+        if report.extras:  # the knobs away from their defaults, in words
+            lines.append(f"With {html.escape(', '.join(report.extras))}.")
         if report.fits is False:
             self.advice = fit_advice.advise(report)
             lines.append("What would make it fit:")
@@ -257,7 +318,9 @@ class Calculator:
             lines.append(f"Headroom kept: {html.escape(kept)} (sources: fit.headroom).")
         if self.notes:
             lines.append(f"<i>{html.escape('; '.join(self.notes))}.</i>")
-        self.picture.value = _png(report)
+        # One report draws both: the bar (and its title) and then the verdict
+        self.picture.value, self.chart_title = _png(report)
+        self.drawn = report
         self.summary.value = "<br>".join(lines)
         self.updates.append(time.perf_counter() - start)
 

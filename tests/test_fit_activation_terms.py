@@ -1,0 +1,124 @@
+"""The calculator's formulas against the fake-tensor pass they stand in for, to the byte.
+
+``fit.activation_formulas`` answers without torch from multiples that
+``tools/fit_activation_terms.py`` solved for on small random shapes; here the pass runs again on
+each preset family's real shapes (Llama 3.1 8B, Llama 3.2 1B with its tied head, Mistral 7B,
+Qwen2.5 0.5B and 7B with q/k/v biases, Gemma 2B with 256-wide heads, GPT-2 with learned
+positions), at the batches and sequences people ask about, and every figure a moment of the
+step reads must be equal. The parameter counts (``fit.shapes.counts``, by formula) are checked
+against a model built on ``meta`` the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tutorial_utils.decoder import Decoder  # noqa: E402
+from tutorial_utils.fit import activation_formulas as af  # noqa: E402
+from tutorial_utils.fit import activations as fake  # noqa: E402
+from tutorial_utils.fit import presets, shapes  # noqa: E402
+from tutorial_utils.fit.activation_terms import MISSING, TERMS  # noqa: E402
+from tutorial_utils.fit.states import Lora  # noqa: E402
+
+#: One preset per family and head: (name, batch, seq) shapes people ask about.
+FAMILIES = {
+    "llama-8b": ((1, 2048), (2, 8192)),  # Llama 3.1 8B: GQA 32/8, untied
+    "llama-1b": ((4, 4096),),  # Llama 3.2 1B: a tied head
+    "mistral-7b": ((1, 4096),),
+    "qwen2.5-0.5b": ((8, 1024),),  # q/k/v biases, a tied head, 14 heads over 2 kv heads
+    "qwen2.5-7b": ((1, 4096),),
+    "gemma-2b": ((2, 2048),),  # d_head 256: the queries' width is not d_model
+    "gpt2-124m": ((8, 1024), (1, 512)),  # LayerNorm, GELU, biases, learned positions
+    "gpt2-1.5b untied": ((2, 1024),),  # GPT-2 XL's shape with its own head (as --dims gives)
+}
+
+
+def _config(name: str):
+    if name.endswith(" untied"):
+        return dataclasses.replace(shapes.config(name.removesuffix(" untied"))[1], tied=False)
+    return shapes.config(name)[1]
+
+
+#: The knobs each shape is asked under: the CLI's default, the widget's, LoRA, and the rest.
+CASES = (
+    ("autocast-bf16", "none", None),
+    ("bf16-master", "every-second-matmul", None),
+    ("autocast-bf16", "none", Lora(16, "attention")),
+    ("bf16-master", "full", None),
+    ("pure-bf16", "none", Lora(8, "qv")),
+    ("bf16-master", "none", Lora(16, "attention")),
+    ("fp32", "none", None),
+)
+
+
+def _moments(block: af.Pass, head: af.Pass) -> tuple[int, ...]:
+    """The figures ``peak`` reads (a block's forward_over is read by no moment)."""
+    return (block.held, block.grads, block.backward_over, *vars(head).values())
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_formula_equals_the_fake_tensor_pass_on_real_shapes(name):
+    cfg = _config(name)
+    answered = 0
+    for batch, seq in FAMILIES[name]:
+        for precision, ckpt, lora in CASES:
+            formula = af.by_formula(cfg, batch, seq, precision, ckpt, lora)
+            if formula is None:  # no formula for this case: the calculator runs the pass
+                continue
+            fake.activations.cache_clear()
+            truth = fake.activations(cfg, batch, seq, af.same_module(precision), ckpt, lora)
+            assert _moments(*formula) == _moments(*truth), (name, batch, seq, precision, ckpt)
+            answered += 1
+    kind = ("rms-swiglu" if cfg.norm == "rms" else "layer-gelu", "tied" if cfg.tied else "untied")
+    if kind in {key[:2] for key in TERMS}:  # the others answer on fake tensors (the CLI's test)
+        assert answered >= len(FAMILIES[name]), f"{name}: no case was checked"
+
+
+def test_the_common_questions_have_a_formula():
+    """The CLI's default recipe (autocast) and bf16 weights, without checkpointing, for the
+    Llama-style untied head (Llama 3.1 8B/70B/405B, Llama 2, Mistral, Qwen2.5 7B+) and GPT-2's
+    block, and LoRA on bf16 weights: answered without torch (tests/test_fit_cli.py relies on
+    it). The cases with no formula are listed in ``activation_terms.MISSING``."""
+    for key in (
+        ("rms-swiglu", "untied", "autocast", "none", "none"),
+        ("rms-swiglu", "untied", "bf16-module", "none", "none"),
+        ("rms-swiglu", "untied", "bf16-module", "none", "attention"),
+        ("rms-swiglu", "tied", "bf16-module", "none", "attention"),
+        ("layer-gelu", "untied", "autocast", "none", "none"),
+    ):
+        assert key in TERMS, key
+    assert not set(TERMS) & {tuple(m[:5]) for m in MISSING}
+
+
+def test_no_formula_where_the_pass_decides():
+    """The matmul policies, QLoRA, explicit attention, cross-entropy in chunks and a LayerNorm +
+    SwiGLU block: the pass."""
+    _, cfg = shapes.config("llama-1b")
+    for policy in ("every-matmul", "every-second-matmul"):
+        assert af.by_formula(cfg, 1, 512, "autocast-bf16", policy) is None
+    qlora = Lora(16, "attention", "nf4")  # its frozen linears dequantize: not solved for
+    assert af.by_formula(cfg, 1, 512, "bf16-master", "none", qlora) is None
+    assert af.by_formula(cfg, 1, 512, "bf16-master", "none", Lora(16, "attention")) is not None
+    assert af.by_formula(cfg, 1, 512, "autocast-bf16", "none", ce_chunks=8) is None
+    assert af._case(dataclasses.replace(cfg, attention="explicit"), "fp32", "none", None, 1) is None
+    odd = dataclasses.replace(cfg, norm="layer")
+    assert af.by_formula(odd, 1, 512, "autocast-bf16", "none") is None
+
+
+@pytest.mark.parametrize("name", presets.PRESETS)
+def test_parameter_counts_by_formula_equal_a_model_on_meta(name):
+    _, cfg = shapes.config(name)
+    with torch.device("meta"):
+        model = Decoder(cfg, n_layers=1)
+    block = tuple(p.numel() for p in model.blocks[0].parameters())
+    inside = {id(p) for p in model.blocks[0].parameters()}
+    root = tuple(p.numel() for p in model.parameters() if id(p) not in inside)
+    c = shapes.counts(cfg)
+    assert (c.block_tensors, c.root_tensors) == (block, root)
+    assert c.largest_tensor == max(p.numel() for p in model.parameters())
+    assert c.total == sum(root) + cfg.n_layers * sum(block)
