@@ -14,6 +14,7 @@ Each module has one job:
 * ``distributed``: launch a script with torchrun from a notebook
 * ``processes``: child processes that die with their parent; external calls with a timeout
 * ``models``: the small seeded demo models the notebooks share
+* ``decoder_config``: the decoder's shape and real models' shapes (``PRESETS``), without torch
 * ``decoder``: the course's GPT-2 / Llama-style decoder, and real models' shapes (``PRESETS``)
 * ``formulas``: training memory by formula: parameters, bytes per parameter, activations
 * ``fit``: the "will it fit" calculator, a file per job: one GPU's peak training memory for a
