@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["PRESETS", "DecoderConfig", "preset"]
+__all__ = ["PRESETS", "DecoderConfig", "llama_fields", "preset"]
 
 
 @dataclass(frozen=True)
@@ -86,25 +86,33 @@ class DecoderConfig:
         return self.d_ff or 4 * self.d_model
 
 
+def llama_fields(vocab, h, layers, heads, kv, ff, tied=False, **more) -> dict:
+    """A Llama-style decoder's fields (RMSNorm, SwiGLU, no biases, rotary positions), as
+    ``DecoderConfig(**llama_fields(...))`` takes them; ``more`` for a family's own (Gemma's
+    ``d_head``, Qwen's ``qkv_bias``). The calculator's presets are written with it too."""
+    return dict(
+        vocab=vocab,
+        d_model=h,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=kv,
+        d_ff=ff,
+        norm="rms",
+        mlp="swiglu",
+        bias=False,
+        tied=tied,
+        max_positions=0,
+        **more,
+    )
+
+
 #: Real models' shapes (no weights): GPT-2 small and XL as OpenAI released them, Llama 3.2 1B,
 #: Llama 3.1 8B and 70B as Meta's config.json files give them.
 PRESETS: dict[str, DecoderConfig] = {
     "gpt2-124m": DecoderConfig(vocab=50257, d_model=768, n_layers=12, n_heads=12),
     "gpt2-1.5b": DecoderConfig(vocab=50257, d_model=1600, n_layers=48, n_heads=25),
     **{
-        name: DecoderConfig(
-            vocab=128256,
-            d_model=h,
-            n_layers=layers,
-            n_heads=heads,
-            n_kv_heads=8,
-            d_ff=ff,
-            norm="rms",
-            mlp="swiglu",
-            bias=False,
-            tied=tied,
-            max_positions=0,
-        )
+        name: DecoderConfig(**llama_fields(128256, h, layers, heads, 8, ff, tied=tied))
         for name, h, layers, heads, ff, tied in (
             ("llama-1b", 2048, 16, 32, 8192, True),
             ("llama-8b", 4096, 32, 32, 14336, False),

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..decoder_config import llama_fields as _llama
 from .inputs import key, pick
 
 __all__ = ["MODELS", "PRESETS", "Preset", "from_config_json", "learned_positions", "model"]
@@ -36,23 +37,6 @@ class Preset:
     fields: dict
     names: tuple[str, ...]
     source: str
-
-
-def _llama(vocab, h, layers, heads, kv, ff, tied=False, **more) -> dict:
-    return dict(
-        vocab=vocab,
-        d_model=h,
-        n_layers=layers,
-        n_heads=heads,
-        n_kv_heads=kv,
-        d_ff=ff,
-        norm="rms",
-        mlp="swiglu",
-        bias=False,
-        tied=tied,
-        max_positions=0,
-        **more,
-    )
 
 
 def _gpt2(h, layers, heads) -> dict:
