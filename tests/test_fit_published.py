@@ -7,15 +7,26 @@ model outside the decoder family, an unpublished sequence length) are listed wit
 so the table shows what is not checked as well as what is. No constant was fitted to these
 rows: the calculator's terms come from code and the CPU tests; the rows judge them.
 
-Today: 13 rows expressible, 11 within +-10 % (85 %) and 12 within +-20 % (92 %). The QLoRA
-rows were 22-39 % under until their libraries' mechanisms were modelled
-(``fit.activations._Nf4Linear``, ``fit.states.nf4_load_bytes``, ``tests/test_fit_qlora.py``):
-bitsandbytes' ``MatMul4Bit`` saves each frozen linear's input and dequantizes into fp16 and bf16
-copies (litgpt: -10.5 % and -9.8 %), and torchao 0.1 quantized the base on the GPU with a
-(weights x 16) scratch (torchtune: -20.9 %). The two misses, litgpt's QLoRA 7B (the litgpt
-LoRA rows' under-count) and torchtune's QLoRA (allocator fragmentation at load), each name
-their missing term in ``missing``. ``test_the_misses_are_the_rows_that_say_so`` fails if another row
-misses or a named miss starts to agree, so this paragraph stays true.
+Today: 21 rows expressible, 11 within +-10 % (52 %) and 13 within +-20 % (62 %); 35 more
+are listed with the reason they cannot be expressed. The QLoRA rows were 22-39 % under until
+their libraries' mechanisms were modelled (``fit.activations._Nf4Linear``,
+``fit.states.nf4_load_bytes``, ``tests/test_fit_qlora.py``). The ten misses each name their
+missing term in ``missing``:
+
+- FSDP1's no_sync (5 rows: litgpt's LoRA on 2 and 4 A100s, -49 to -73 %, and its Gemma 2B
+  full fine-tune, -33 %): under gradient accumulation FSDP1 keeps every unit's gradient
+  unsharded, and a unit mixing frozen and trainable weights keeps it for all of them. Added
+  by hand, that one term brings the five to -7 to +9 %
+  (``test_the_no_sync_rows_agree_once_their_unsharded_gradients_are_added``); the calculator
+  has no such term yet.
+- FSDP1 without no_sync (torchtune's README, 2 and 4 RTX 4090s, -32 % and -23 %): not
+  identified; the candidates are named in the rows.
+- the allocator's reserve (torchtune's README single-GPU LoRA, -12.8 %: the same config as the
+  tutorial's -3.8 % row, measured 1.61 GB higher on another card; torchtune's QLoRA, -20.9 %,
+  fragmentation at load) and litgpt's QLoRA 7B (-10.5 %, litgpt's block saves more).
+
+``test_the_misses_are_the_rows_that_say_so`` fails if another row misses or a named miss starts
+to agree, so this paragraph stays true.
 
 What each source reports decides what is compared:
 
@@ -27,8 +38,11 @@ What each source reports decides what is compared:
   LoRA and QLoRA tutorials' tables are peak memory *reserved*, in GB: their numbers were
   written on 2024-04-15, when ``torchtune/utils/memory.py`` divided by 1e9 (GiB only from
   d0b89e206, 2024-08-15): ``peak_bytes`` + the reserve, over 10**9.
-- litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB":
-  ``peak_bytes`` in 10**9 bytes.
+- litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB", and so
+  does the "Peak memory" of its config hub (``finetune/full.py`` prints it): ``peak_bytes`` in
+  10**9 bytes.
+- torchtune's README table of 2024-04-16 says "Peak Memory per GPU"; its QLoRA figure is the
+  QLoRA tutorial's reserved one (9.29 GB), so the table is read as reserved, in GB.
 """
 
 from __future__ import annotations
@@ -662,11 +676,26 @@ def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_it
 
 
 def test_the_misses_are_the_rows_that_say_so():
-    """The fraction the module's docstring states: 11 of 13 within 10 %, 12 within 20 %."""
+    """The fraction the module's docstring states: 11 of 21 within 10 %, 13 within 20 %."""
     within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
     within20 = [row for row in MODELLED if abs(difference(row)) <= 2 * TOLERANCE]
-    assert (len(within), len(within20), len(MODELLED)) == (11, 12, 13)
+    assert (len(within), len(within20), len(MODELLED)) == (11, 13, 21)
     assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
+
+
+NO_SYNC_ROWS = [row for row in MODELLED if row.missing.startswith("FSDP1's unsharded")]
+
+
+@pytest.mark.parametrize("row", NO_SYNC_ROWS, ids=lambda row: row.what)
+def test_the_no_sync_rows_agree_once_their_unsharded_gradients_are_added(row):
+    """The term these rows name, added by hand: under no_sync each rank keeps a bf16 gradient
+    of every weight in a unit that has a trainable one (here every unit: litgpt wraps the LoRA
+    weights with the frozen ones in each Block), unsharded, where the calculator keeps its
+    sharded gradients of the trainable weights. Not a fit: the bytes are 2 x the weights."""
+    r = fit.will_it_fit(**row.knobs)
+    unsharded = 2 * r.n_parameters - r.categories["gradients"]  # bf16, every weight, in full
+    d = (r.peak_bytes + unsharded) / row.unit / row.measured - 1
+    assert abs(d) <= TOLERANCE, f"{row.what}: {d:+.1%} with the unsharded gradients added"
 
 
 def test_every_row_says_where_it_comes_from_and_what_it_ran():
