@@ -153,13 +153,15 @@ LITGPT_HUB = (
     "'Peak memory' is max_memory_allocated() / 1e9 (litgpt/finetune/full.py at 84a73fd0)"
 )
 _FSDP1_NO_SYNC = (
-    "FSDP1's unsharded gradients under no_sync: {why}. FSDP1's no_sync accumulates "
-    "the full, unsharded gradient of every unit until the step that syncs (PyTorch's "
-    "FullyShardedDataParallel.no_sync docstring: 'FSDP will accumulate the full model "
-    "gradients (instead of gradient shards)'), and a unit that mixes frozen and trainable "
-    "weights gets gradient memory for all of them under use_orig_params (the FSDP docs; "
-    "litgpt#1417; torch warns '1451376640 numel instead of 106496'). The calculator keeps "
-    "sharded gradients of the trainable weights only: it has no no_sync term"
+    "FSDP1's unsharded gradients under no_sync: {why}. Lightning's no_backward_sync enters "
+    "FSDP1's no_sync (lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl), which "
+    "keeps the full, unsharded gradient of every unit until the step that syncs (the "
+    "FullyShardedDataParallel.no_sync docstring, torch 2.1 to 2.13: 'FSDP will accumulate the "
+    "full model gradients (instead of gradient shards)'), and a unit that mixes frozen and "
+    "trainable weights gets gradient memory for all of them under use_orig_params (the FSDP "
+    "docs; litgpt#1417; litgpt#1538 quotes torch's warning '1451376640 numel instead of "
+    "106496'). The calculator keeps sharded gradients of the trainable weights only: it has "
+    "no no_sync term"
 )
 
 _FSDP1_UNKNOWN = (
