@@ -133,9 +133,10 @@ LITGPT_MULTI_RUN = (
     "finetune/lora.py at 8641822 with devices > 1: Lightning's FSDPStrategy(auto_wrap_policy="
     "{Block}, activation_checkpointing_policy={Block}, limit_all_gathers=True), i.e. FSDP1 "
     "FULL_SHARD with one unit per Block holding the frozen weights and the LoRA A and B "
-    "together; every micro-batch but the last of 128 runs under fabric.no_backward_sync; "
-    "otherwise as the single-GPU rows (bf16-true, AdamW over the LoRA weights, r=8 on q and v, "
-    "Alpaca, longest sample 1304 tokens)"
+    "together (Fabric's FSDPStrategy sets use_orig_params=True from torch 2.0, which is what "
+    "lets a unit mix them); every micro-batch but the last of 128 runs under "
+    "fabric.no_backward_sync; otherwise as the single-GPU rows (bf16-true, AdamW over the "
+    "LoRA weights, r=8 on q and v, Alpaca, longest sample 1304 tokens)"
 )
 TORCHTUNE_README = (
     "pytorch/torchtune README.md, the table of recipes and 'Peak Memory per GPU' (added in "
