@@ -3,19 +3,31 @@
 Each row of ``MEASURED`` is a peak someone else measured, with its source, the commit or page
 we read it at, and the recipe it ran. Rows the calculator can express (eager mode, a model
 and recipe it models) are predicted and compared; rows it cannot (torch.compile, Float8, a
-model outside the decoder family, an unpublished sequence length) are listed with the reason,
-so the table shows what is not checked as well as what is. No constant was fitted to these
+model outside the decoder family or with parallel blocks, an unpublished sequence length or
+precision) are listed with the reason, so the table shows what is not checked as well as
+what is. No constant was fitted to these
 rows: the calculator's terms come from code and the CPU tests; the rows judge them.
 
-Today: 13 rows expressible, 11 within +-10 % (85 %) and 12 within +-20 % (92 %). The QLoRA
-rows were 22-39 % under until their libraries' mechanisms were modelled
-(``fit.activations._Nf4Linear``, ``fit.states.nf4_load_bytes``, ``tests/test_fit_qlora.py``):
-bitsandbytes' ``MatMul4Bit`` saves each frozen linear's input and dequantizes into fp16 and bf16
-copies (litgpt: -10.5 % and -9.8 %), and torchao 0.1 quantized the base on the GPU with a
-(weights x 16) scratch (torchtune: -20.9 %). The two misses, litgpt's QLoRA 7B (the litgpt
-LoRA rows' under-count) and torchtune's QLoRA (allocator fragmentation at load), each name
-their missing term in ``missing``. ``test_the_misses_are_the_rows_that_say_so`` fails if another row
-misses or a named miss starts to agree, so this paragraph stays true.
+Today: 21 rows expressible, 11 within +-10 % (52 %) and 13 within +-20 % (62 %); 46 more
+are listed with the reason they cannot be expressed. The QLoRA rows were 22-39 % under until
+their libraries' mechanisms were modelled (``fit.activations._Nf4Linear``,
+``fit.states.nf4_load_bytes``, ``tests/test_fit_qlora.py``). The ten misses each name their
+missing term in ``missing``:
+
+- FSDP1's no_sync (5 rows: litgpt's LoRA on 2 and 4 A100s, -49 to -73 %, and its Gemma 2B
+  full fine-tune, -33 %): under gradient accumulation FSDP1 keeps every unit's gradient
+  unsharded, and a unit mixing frozen and trainable weights keeps it for all of them. Added
+  by hand, that one term brings the five to -7 to +9 %
+  (``test_the_no_sync_rows_agree_once_their_unsharded_gradients_are_added``); the calculator
+  has no such term yet.
+- FSDP1 without no_sync (torchtune's README, 2 and 4 RTX 4090s, -32 % and -23 %): not
+  identified; the candidates are named in the rows.
+- the allocator's reserve (torchtune's README single-GPU LoRA, -12.8 %: the same config as the
+  tutorial's -3.8 % row, measured 1.61 GB higher on another card; torchtune's QLoRA, -20.9 %,
+  fragmentation at load) and litgpt's QLoRA 7B (-10.5 %, litgpt's block saves more).
+
+``test_the_misses_are_the_rows_that_say_so`` fails if another row misses or a named miss starts
+to agree, so this paragraph stays true.
 
 What each source reports decides what is compared:
 
@@ -23,16 +35,20 @@ What each source reports decides what is compared:
   (``torchtitan/metrics.py`` and ``train.py`` at 9dec370). That is the tensors' peak plus the
   allocator's reserve; the CUDA context is outside it. So: ``peak_bytes`` + the reserve term
   (an assumption: ``fit.headroom``).
-- torchtune's README table is "Peak Memory Active": the tensors alone: ``peak_bytes``. Its
-  LoRA and QLoRA tutorials' tables are peak memory *reserved*, in GB: their numbers were
-  written on 2024-04-15, when ``torchtune/utils/memory.py`` divided by 1e9 (GiB only from
-  d0b89e206, 2024-08-15): ``peak_bytes`` + the reserve, over 10**9.
-- litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB":
-  ``peak_bytes`` in 10**9 bytes.
+- torchtune's README table of 2024-11-18 is "Peak Memory Active": the tensors alone:
+  ``peak_bytes``. Its LoRA and QLoRA tutorials' tables are peak memory *reserved*, in GB:
+  their numbers were written on 2024-04-15, when ``torchtune/utils/memory.py`` divided by
+  1e9 (GiB only from d0b89e206, 2024-08-15): ``peak_bytes`` + the reserve, over 10**9.
+- litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB", and so
+  does the "Peak memory" of its config hub (``finetune/full.py`` prints it): ``peak_bytes`` in
+  10**9 bytes.
+- torchtune's README table of 2024-04-16 says "Peak Memory per GPU"; its QLoRA figure is the
+  QLoRA tutorial's reserved one (9.29 GB), so the table is read as reserved, in GB.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -73,9 +89,10 @@ TORCHTUNE_QLORA = (
 TORCHTUNE_LORA_RUN = (
     "Llama 2 7B, lora_finetune_single_device with llama2/7B_lora_single_device at ff594c231: "
     "batch 2, gradient accumulation 64, bf16 weights and adapters (AdamW state bf16), LoRA "
-    "dropout 0.05 (lora_llama2_7b's default), activation checkpointing on, Alpaca unpacked; "
-    "the Alpaca sequence length is not published: 1304 assumed, litgpt's longest Alpaca "
-    "sample under Llama 2's tokenizer (an assumption of this row)"
+    "dropout 0.05 (lora_llama2_7b's default), activation checkpointing on, alpaca_cleaned "
+    "unpacked, truncated to max_seq_len=512 (the dataset's default at ff594c231 and 0914d5cfb;"
+    " samples longer than 512 tokens exist, litgpt counts 1304 under Llama 2's tokenizer), so "
+    "the longest batch is 512 (until 2026-12-07 these rows assumed 1304, at +2.7 to +4.0 %)"
 )
 TORCHTUNE_QLORA_RUN = (
     "Llama 2 7B, lora_finetune_single_device with llama2/7B_qlora_single_device at 0914d5cfb: "
@@ -107,6 +124,63 @@ TRAINY = (
     "b5bcd76); torchtitan e7c0cae, 2025-06, H200"
 )
 
+LITGPT_MULTI = (
+    "Lightning-AI/litgpt tutorials/resource-tables.md, 'Finetuning with LoRA on Multiple GPUs' "
+    "(last changed e567dbe, read at 2685705): LitGPT 8641822, PyTorch 2.1.0, A100-SXM4-40GB, "
+    "2023-10-20; 'Max GPU RAM' is max_memory_allocated / 1e9"
+)
+LITGPT_MULTI_RUN = (
+    "finetune/lora.py at 8641822 with devices > 1: Lightning's FSDPStrategy(auto_wrap_policy="
+    "{Block}, activation_checkpointing_policy={Block}, limit_all_gathers=True), i.e. FSDP1 "
+    "FULL_SHARD with one unit per Block holding the frozen weights and the LoRA A and B "
+    "together (Fabric's FSDPStrategy sets use_orig_params=True from torch 2.0, which is what "
+    "lets a unit mix them); every micro-batch but the last of 128 runs under "
+    "fabric.no_backward_sync; otherwise as the single-GPU rows (bf16-true, AdamW over the "
+    "LoRA weights, r=8 on q and v, Alpaca, longest sample 1304 tokens)"
+)
+TORCHTUNE_README = (
+    "pytorch/torchtune README.md, the table of recipes and 'Peak Memory per GPU' (added in "
+    "fef3ed10d, 2024-04-16; the same table's QLoRA figure, 9.29 GB, is the QLoRA tutorial's "
+    "peak memory reserved, so: reserved, in GB as torchtune/utils/memory.py wrote it then)"
+)
+TORCHTUNE_README_RUN = (
+    "Llama 2 7B, dtype bf16 (weights, gradients and AdamW state bf16), torch.optim.AdamW, "
+    "batch 2, configs at fef3ed10d; the Alpaca datasets truncate to max_seq_len=512 "
+    "(torchtune/datasets/_alpaca.py at fef3ed10d, ff594c231 and 0914d5cfb), and samples "
+    "longer than that exist (litgpt counts 1304 tokens), so the longest batch is 512"
+)
+LITGPT_HUB = (
+    "Lightning-AI/litgpt config_hub/finetune/README.md (row written in 84a73fd0, 2024-03-27); "
+    "'Peak memory' is max_memory_allocated() / 1e9 (litgpt/finetune/full.py at 84a73fd0)"
+)
+_FSDP1_NO_SYNC = (
+    "FSDP1's unsharded gradients under no_sync: {why}. Lightning's no_backward_sync enters "
+    "FSDP1's no_sync (lightning/fabric/strategies/fsdp.py, _FSDPBackwardSyncControl), which "
+    "keeps the full, unsharded gradient of every unit until the step that syncs (the "
+    "FullyShardedDataParallel.no_sync docstring, torch 2.1 to 2.13: 'FSDP will accumulate the "
+    "full model gradients (instead of gradient shards)'), and a unit that mixes frozen and "
+    "trainable weights gets gradient memory for all of them under use_orig_params (the FSDP "
+    "docs; litgpt#1417; litgpt#1538 quotes torch's warning '1451376640 numel instead of "
+    "106496'). The calculator keeps sharded gradients of the trainable weights only: it has "
+    "no no_sync term"
+)
+
+_FSDP1_UNKNOWN = (
+    "not identified: {gap} GB above the calculator on FSDP1 without no_sync. Candidates, none "
+    "measured: FSDP1 frees each all-gathered unit with recordStream on its own CUDA stream and "
+    "the caching allocator keeps one pool per stream (torchtitan docs/fsdp.md: FSDP2 'achieves "
+    "lower and deterministic GPU memory by avoiding recordStream'); a CPU gloo rank, where the "
+    "calculator's FSDP1 profile was measured, has neither; and the logged rank 0 built the "
+    "whole model on its CPU and broadcast it (sync_module_states)"
+)
+
+DEEPSPEED_GIST = (
+    "chenyaofo's gist 'Benchmark of LLaMA-7B models using deepspeed-based training code', "
+    "https://gist.github.com/chenyaofo/d4cd6a20ab4b95cb3a49491747e2139a (read 2026-12-07 from "
+    "a stored copy): 8x A800 80GB, CUDA 12.1, PyTorch 2.2.0, DeepSpeed 0.14.2, seq 4096; GPU "
+    "Mem is memory_allocated() / max_memory_allocated(), the second compared"
+)
+
 #: Llama 3.2 3B from Meta's config.json (hidden 3072, 28 layers, 24 heads, 8 kv heads, MLP
 #: 8192, vocab 128256, tied embeddings): 3,212,749,824 parameters; now a preset too.
 LLAMA_3B = DecoderConfig(
@@ -122,6 +196,10 @@ LLAMA_3B = DecoderConfig(
     tied=True,
     max_positions=0,
 )
+
+
+#: Gemma 2B as litgpt 84a73fd0 builds it: the preset's shape, lm_head a separate weight.
+GEMMA_2B_UNTIED = dataclasses.replace(fit.shapes.config("gemma-2b")[1], tied=False)
 
 
 @dataclass(frozen=True)
@@ -170,7 +248,7 @@ def _tune_lora(targets: str, rank: int, base: str = "bf16", accumulation: int = 
     return dict(
         preset="llama-2-7b",
         batch=2,
-        seq=1304,
+        seq=512,  # alpaca_cleaned_dataset's max_seq_len default truncates every sample
         precision="pure-bf16",
         checkpointing="full",
         lora_rank=rank,
@@ -372,6 +450,248 @@ MEASURED = (
             ("FSDP FULL_SHARD + CPU offload", 2825),
         )
     ),
+    *(
+        Measured(
+            f"litgpt LoRA, FSDP1 on {gpus} A100, Llama 2 {size}, micro-batch {micro}",
+            gb,
+            LITGPT_MULTI,
+            LITGPT_MULTI_RUN,
+            "allocated",
+            dict(
+                _litgpt(f"llama-2-{size.lower()}", micro),
+                sharding="fsdp1",
+                n_gpus=gpus,
+                checkpointing="full",
+            ),
+            unit=GB,
+            missing=_FSDP1_NO_SYNC.format(
+                why="each rank holds a bf16 gradient for every weight of the model (the frozen "
+                "ones too), 13.5 GB at 7B and 26.0 GB at 13B, which is why 2 GPUs hold more "
+                "than one (22.18 against 21.30 GB)"
+            ),
+        )
+        for size, micro, gpus, gb in (
+            ("7B", 1, 2, 22.18),
+            ("7B", 2, 2, 22.47),
+            ("7B", 4, 2, 23.39),
+            ("13B", 1, 4, 35.57),
+        )
+    ),
+    Measured(
+        "litgpt full fine-tune, FSDP1 on 4 A10G, Gemma 2B",
+        17.43,
+        LITGPT_HUB,
+        "config_hub/finetune/gemma-2b/full.yaml at 84a73fd0: bf16-true (weights, gradients and "
+        "AdamW state bf16), torch.optim.AdamW, 4 devices, micro-batch 1, global batch 16 (4 "
+        "micro-batches per step, the first 3 under fabric.no_backward_sync), max_seq_length "
+        "512 (Alpaca2k; the longest batch assumed to reach it), FSDP1 FULL_SHARD per Block with "
+        "activation checkpointing per Block (finetune/full.py); litgpt's Gemma keeps lm_head "
+        "apart from the embedding (convert_hf_checkpoint copies it): 3,030,460,416 weights",
+        "allocated",
+        dict(
+            preset=GEMMA_2B_UNTIED,
+            batch=1,
+            seq=512,
+            precision="pure-bf16",
+            optimizer="adamw",
+            checkpointing="full",
+            sharding="fsdp1",
+            n_gpus=4,
+            grad_accumulation=4,
+        ),
+        unit=GB,
+        missing=_FSDP1_NO_SYNC.format(
+            why="each rank holds the bf16 gradient of all 3.03 B weights (6.06 GB) through the "
+            "first three micro-batches, where the calculator holds a quarter of it"
+        ),
+    ),
+    *(
+        Measured(
+            f"litgpt full fine-tune, {model}",
+            gb,
+            f"Lightning-AI/litgpt config_hub/finetune/README.md (row written in {commit}); "
+            "'Peak memory' is max_memory_allocated() / 1e9",
+            recipe,
+            "allocated",
+            None,
+            "a parallel block (attention and MLP read the same input, GPT-NeoX style): the "
+            "calculator models sequential blocks" + extra,
+            unit=GB,
+        )
+        for model, gb, commit, recipe, extra in (
+            (
+                "phi-2",
+                14.44,
+                "3e9fd36c, 2024-03-15",
+                "phi-2/full.yaml at 3e9fd36c: bf16-true, AdamW, micro-batch 4, seq 512",
+                "; and the table says 1xA10G where the yaml at the same commit says devices: 2",
+            ),
+            (
+                "StableLM 3B alpha on 2 A10G",
+                21.23,
+                "0d207708, 2024-03-17",
+                "stablelm-base-alpha-3b/full.yaml at 0d207708: bf16-true, AdamW, 2 devices "
+                "(FSDP1), micro-batch 1, seq 512",
+                "",
+            ),
+        )
+    ),
+    Measured(
+        "torchtune README LoRA, 1x RTX 4090, Llama 2 7B",
+        17.18,
+        TORCHTUNE_README,
+        TORCHTUNE_README_RUN + "; lora_finetune_single_device, llama2/7B_lora_single_device: "
+        "the tutorial's Q-and-V rank-8 row's config (unchanged between ff594c231 and "
+        "fef3ed10d but for a comment), measured a day later on another card",
+        "reserved",
+        _tune_lora("qv", 8),
+        unit=GB,
+        missing="a reserve beyond the flat 5 %: the same config as 'torchtune LoRA Q and V only, "
+        "rank 8' (15.57 GB, -3.8 %) measured 1.61 GB higher on an RTX 4090 (the README: "
+        "'there might be some variance based on the setup'); what the caching allocator "
+        "reserves beyond what it allocates depends on the card and the run, and the "
+        "calculator's reserve is one assumed fraction (fit.headroom)",
+    ),
+    Measured(
+        "torchtune README LoRA, FSDP1 on 2x RTX 4090, Llama 2 7B",
+        20.95,
+        TORCHTUNE_README,
+        TORCHTUNE_README_RUN + "; lora_finetune_distributed, llama2/7B_lora: LoRA rank 8 on q "
+        "and v, gradient accumulation 32 (loss.backward every micro-batch, no no_sync), no "
+        "activation checkpointing; FSDP1 FULL_SHARD with lora_fsdp_wrap_policy (each LoRA A "
+        "and B its own unit, so no unit mixes frozen and trainable weights), no "
+        "MixedPrecision, model built on rank 0's CPU and broadcast (sync_module_states)",
+        "reserved",
+        dict(
+            _tune_lora("qv", 8, accumulation=32),
+            checkpointing="none",
+            sharding="fsdp1",
+            n_gpus=2,
+        ),
+        unit=GB,
+        missing=_FSDP1_UNKNOWN.format(gap="6.7"),
+    ),
+    Measured(
+        "torchtune README full fine-tune, FSDP1 on 4x RTX 4090, Llama 2 7B",
+        22.9,
+        TORCHTUNE_README,
+        TORCHTUNE_README_RUN + "; full_finetune_distributed, llama2/7B_full: alpaca_dataset, "
+        "no accumulation, activation checkpointing per layer, FSDP1 FULL_SHARD per "
+        "TransformerDecoderLayer, no MixedPrecision, AdamW with torch's default (foreach), "
+        "model built on rank 0's CPU and broadcast (sync_module_states)",
+        "reserved",
+        dict(
+            preset="llama-2-7b",
+            batch=2,
+            seq=512,
+            precision="pure-bf16",
+            optimizer="adamw",
+            checkpointing="full",
+            sharding="fsdp1",
+            n_gpus=4,
+        ),
+        unit=GB,
+        missing=_FSDP1_UNKNOWN.format(gap="5.2"),
+    ),
+    Measured(
+        "torchtune README full fine-tune low memory, 1x RTX 4090, Llama 2 7B",
+        14.97,
+        TORCHTUNE_README,
+        TORCHTUNE_README_RUN + "; full_finetune_single_device, llama2/7B_full_low_memory: "
+        "bitsandbytes.optim.PagedAdamW (32-bit), optimizer_in_bwd, activation checkpointing",
+        "reserved",
+        None,
+        "bitsandbytes' 32-bit PagedAdamW keeps its state in CUDA unified memory, outside "
+        "PyTorch's allocator (so outside max_memory_reserved); the calculator models the "
+        "8-bit paged AdamW only",
+        unit=GB,
+    ),
+    Measured(
+        "torchtitan FSDP 1 x CP 8, seq 262144",
+        84.5,
+        TORCHTITAN,
+        "Table 2: Llama 3.1 8B, 8 GPUs, local batch 1, full AC, torch.compile + Float8",
+        "reserved",
+        None,
+        _COMPILE + "; Float8 linears not modelled",
+    ),
+    *(
+        Measured(
+            f"torchtitan {label}",
+            gib,
+            TORCHTITAN,
+            recipe,
+            "reserved",
+            None,
+            _COMPILE + "; Float8 linears (and AsyncTP) not modelled",
+        )
+        for label, gib, recipe in (
+            (
+                "Llama 3.1 70B, FSDP 32 x TP 8",
+                71.9,
+                "Table 4: 256 GPUs, local batch 16, full AC, torch.compile + Float8",
+            ),
+            (
+                "Llama 3.1 70B, FSDP 32 x TP 8 + AsyncTP",
+                67.6,
+                "Table 4: 256 GPUs, local batch 16, full AC, torch.compile + Float8",
+            ),
+            *(
+                (
+                    f"Llama 3.1 405B, FSDP 8 x TP 8 x PP 8, {schedule}",
+                    gib,
+                    "Table 5: 512 GPUs, local batch 32, full AC, torch.compile + Float8 + "
+                    "AsyncTP; the largest peak over the PP ranks",
+                )
+                for schedule, gib in (("1F1B", 82.5), ("interleaved 1F1B", 72.7))
+            ),
+            *(
+                (
+                    f"Llama 3.1 405B, FSDP {8 // cp} x CP {cp} x TP 8 x PP 8, seq {seq}",
+                    gib,
+                    "Table 6: 512 GPUs, local batch 8, full AC, torch.compile + Float8 + "
+                    "AsyncTP, 1F1B; the largest peak over the PP ranks",
+                )
+                for cp, seq, gib in (
+                    (1, 32768, 75.3),
+                    (2, 65536, 75.9),
+                    (4, 131072, 77.1),
+                    (8, 262144, 84.9),
+                )
+            ),
+        )
+    ),
+    *(
+        Measured(
+            f"DeepSpeed ZeRO-{stage}, LLaMA-7B, 8 A800, micro-batch {micro} of {total}"
+            + (", HF gradient checkpointing" if ckpt else "")
+            + (", optimizer offload" if opt_off else "")
+            + (", parameter offload" if param_off else "")
+            + (", ZeRO++" if zpp else ""),
+            peak,
+            DEEPSPEED_GIST,
+            f"ZeRO stage {stage}, batch {micro} per GPU per iteration, {total} per step, seq 4096",
+            "allocated",
+            None,
+            "the table gives the stage, checkpointing, offload and batch, but not the precision "
+            "(bf16 or fp16, and so DeepSpeed's gradient bytes), the attention implementation "
+            "(eager attention keeps each layer's 4096 x 4096 scores) or whether GPU Mem is GB or "
+            "GiB (7 % apart); the gist's training code was not read here",
+        )
+        for stage, ckpt, opt_off, param_off, zpp, micro, total, peak in (
+            (2, False, False, False, False, 1, 64, 44.8),
+            (2, True, False, False, False, 1, 64, 23.5),
+            (2, True, True, False, False, 1, 64, 16.9),
+            (2, True, False, False, False, 4, 64, 38.6),
+            (3, False, False, False, False, 2, 64, 75.7),
+            (3, True, False, False, False, 2, 64, 20.4),
+            (3, True, True, False, False, 2, 64, 9.4),
+            (3, True, True, True, False, 4, 64, 7.9),
+            (3, True, True, True, True, 4, 64, 7.9),
+            (3, True, False, False, False, 8, 64, 39.1),
+            (3, True, False, False, False, 8, 128, 63.9),
+        )
+    ),
 )
 
 MODELLED = [row for row in MEASURED if row.knobs is not None]
@@ -398,11 +718,26 @@ def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_it
 
 
 def test_the_misses_are_the_rows_that_say_so():
-    """The fraction the module's docstring states: 11 of 13 within 10 %, 12 within 20 %."""
+    """The fraction the module's docstring states: 11 of 21 within 10 %, 13 within 20 %."""
     within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
     within20 = [row for row in MODELLED if abs(difference(row)) <= 2 * TOLERANCE]
-    assert (len(within), len(within20), len(MODELLED)) == (11, 12, 13)
+    assert (len(within), len(within20), len(MODELLED)) == (11, 13, 21)
     assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
+
+
+NO_SYNC_ROWS = [row for row in MODELLED if row.missing.startswith("FSDP1's unsharded")]
+
+
+@pytest.mark.parametrize("row", NO_SYNC_ROWS, ids=lambda row: row.what)
+def test_the_no_sync_rows_agree_once_their_unsharded_gradients_are_added(row):
+    """The term these rows name, added by hand: under no_sync each rank keeps a bf16 gradient
+    of every weight in a unit that has a trainable one (here every unit: litgpt wraps the LoRA
+    weights with the frozen ones in each Block), unsharded, where the calculator keeps its
+    sharded gradients of the trainable weights. Not a fit: the bytes are 2 x the weights."""
+    r = fit.will_it_fit(**row.knobs)
+    unsharded = 2 * r.n_parameters - r.categories["gradients"]  # bf16, every weight, in full
+    d = (r.peak_bytes + unsharded) / row.unit / row.measured - 1
+    assert abs(d) <= TOLERANCE, f"{row.what}: {d:+.1%} with the unsharded gradients added"
 
 
 def test_every_row_says_where_it_comes_from_and_what_it_ran():

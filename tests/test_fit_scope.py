@@ -51,10 +51,21 @@ def test_the_compile_band_row_follows_the_band(monkeypatch):
     assert "peaked at 50% to 60% of the same run in eager mode" in repr(scope.table())
 
 
-def test_the_misses_are_qlora_runs_the_answer_puts_too_low():
-    """The table's row "some QLoRA runs": the rows tests/test_fit_published.py says miss are
-    QLoRA's (an NF4 base), each more than 10 % under its published peak."""
+def test_the_misses_are_qlora_and_fsdp1_runs_the_answer_puts_too_low():
+    """The table's row "some QLoRA and FSDP1 runs": the rows tests/test_fit_published.py says
+    miss are QLoRA's (an NF4 base), FSDP1's, or one whose missing term is the allocator's
+    reserve (the table's own row), each more than 10 % under its published peak."""
     missed = [row for row in MODELLED if row.missing]
-    assert missed and all("nf4" in row.knobs.get("lora_base", "") for row in missed)
+
+    def named(row) -> bool:
+        return (
+            "nf4" in row.knobs.get("lora_base", "")
+            or row.knobs.get("sharding") == "fsdp1"
+            or row.missing.startswith("a reserve beyond")
+        )
+
+    assert missed and all(named(row) for row in missed)
     assert all(difference(row) < -TOLERANCE for row in missed)
-    assert "published QLoRA peaks more than 10 % above the answer" in repr(scope.table())
+    assert "published peaks more than 10 % above the answer (QLoRA's; FSDP1's" in repr(
+        scope.table()
+    )

@@ -4,7 +4,7 @@ One job: notebook 03's calculator section shows ``table()``. Each row is built f
 or signature that decides it (``inputs``' choices, ``will_it_fit``'s keyword knobs, ``cards``'
 sources, ``headroom``'s terms, ``report.COMPILE_BAND``), so the table changes when the calculator
 does: the moments are asked of a toy decoder. ``tests/test_fit_scope.py`` holds the rest (the
-knobs' words, the QLoRA misses) to the calculator and to ``tests/test_fit_published.py``.
+knobs' words, the published misses) to the calculator and to ``tests/test_fit_published.py``.
 """
 
 from __future__ import annotations
@@ -123,9 +123,10 @@ def table() -> Scope:
         ),
         ("allocator reserve", reserve.source),
         (
-            "some QLoRA runs",
-            "published QLoRA peaks more than 10 % above the answer: tests/test_fit_published.py "
-            "names the term each one lacks",
+            "some QLoRA and FSDP1 runs",
+            "published peaks more than 10 % above the answer (QLoRA's; FSDP1's, whose no_sync "
+            "keeps every unit's gradient unsharded): tests/test_fit_published.py names the term "
+            "each one lacks",
         ),
         (
             "paged 8-bit AdamW",
