@@ -254,3 +254,28 @@ def test_a_ring_attention_rank_saves_what_attention_on_its_chunk_saves():
     cp = fit.will_it_fit(toy, batch=2, seq=64, precision="fp32", n_gpus=2, cp=2)
     half = fit.will_it_fit(toy, batch=2, seq=32, precision="fp32")
     assert cp.categories["activations"] == half.categories["activations"]
+
+
+def test_will_it_fit_holds_the_unsharded_gradients_only_under_no_sync():
+    """``gradient_sync="last"`` turns the FSDP1 profile's no_sync term on where micro-batches
+    accumulate, and changes nothing else: the default, one micro-batch, and the step itself
+    (its sharded gradients) stay as they were. Other profiles refuse it in one sentence."""
+    from tutorial_utils import fit
+    from tutorial_utils.decoder import DecoderConfig
+
+    toy = DecoderConfig(vocab=256, d_model=32, n_layers=2, n_heads=4)
+    ask = dict(batch=2, seq=16, precision="fp32", sharding="fsdp1", n_gpus=2)
+    every = fit.will_it_fit(toy, grad_accumulation=2, **ask)
+    last = fit.will_it_fit(toy, grad_accumulation=2, gradient_sync="last", **ask)
+    assert (
+        every.peaks == fit.will_it_fit(toy, grad_accumulation=2, **ask, gradient_sync="every").peaks
+    )
+    one = fit.will_it_fit(toy, **ask)
+    assert one.peaks == fit.will_it_fit(toy, **ask, gradient_sync="last").peaks
+    # fp32: 4 bytes for every weight, unpadded, on each rank, where "every" holds a half
+    assert last.categories["gradients"] == 4 * last.n_parameters
+    assert every.categories["gradients"] < last.categories["gradients"]
+    assert last.peaks["optimizer step"] == every.peaks["optimizer step"]
+    for bad in (dict(gradient_sync="sometimes"), dict(gradient_sync="last", sharding="zero3")):
+        with pytest.raises(ValueError, match="gradient_sync"):
+            fit.will_it_fit(toy, grad_accumulation=2, **{**ask, **bad})
