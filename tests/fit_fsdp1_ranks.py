@@ -18,6 +18,13 @@ second step, the bytes of the storages FSDP keeps:
   before FSDP's own hook reshards the unit and reduce-scatters the gradient): the gathered
   flat parameters, that gradient, and the head's gradient still waiting in autograd.
 
+Two more runs accumulate gradients over k = 2 micro-batches, ``FULL_SHARD`` in fp32 and in
+bf16, the first micro-batch under ``model.no_sync()`` (as Lightning's ``no_backward_sync``
+enters it for every micro-batch but the last). They count each unit's gradient as the no_sync
+micro-batch leaves it (bytes, elements, dtype), and, at each gradient of the syncing
+micro-batch, the same storages as above plus the gradient autograd just made (before it is
+added to the kept one) and the other units' gradients, kept unsharded or reduce-scattered.
+
 Counting storages FSDP names, at points its code fixes, not a peak: a peak also holds the
 activations, and on the CPU the moment gloo frees a buffer moves with thread timing.
 """
@@ -40,6 +47,7 @@ from common import report, teardown  # noqa: E402
 
 WIDTH, BLOCKS, HEAD, STEPS = 256, 3, 511, 2
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "FULL_SHARD bf16")
+NO_SYNC = ("FULL_SHARD no_sync", "FULL_SHARD bf16 no_sync")  # k = 2, the first under no_sync
 
 
 class Gain(nn.Module):
@@ -56,6 +64,13 @@ class Gain(nn.Module):
 
 def storage_bytes(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.untyped_storage().nbytes()
+
+
+def grad_storages(f: nn.Parameter) -> dict[int, int]:
+    """The storages holding a unit's gradient: ``.grad``, and the reduce-scattered shard FSDP
+    keeps in ``_saved_grad_shard`` until the end of backward. By data pointer, counted once."""
+    held = [f.grad, getattr(f, "_saved_grad_shard", None)]
+    return {t.untyped_storage().data_ptr(): storage_bytes(t) for t in held if t is not None}
 
 
 def run(strategy: str, device: torch.device, x: torch.Tensor, world: int) -> dict:
@@ -106,26 +121,57 @@ def run(strategy: str, device: torch.device, x: torch.Tensor, world: int) -> dic
         out.grad_fn.register_hook(made)
 
     head.register_forward_hook(watch_head_grad)
-    for flat in flats:  # runs as the unit's gradient is made, before FSDP's own hook reshards
-        flat.register_post_accumulate_grad_hook(
-            lambda f: at_gradient.append(
-                {
-                    "gathered": gathered(),
-                    "unsharded_grad": storage_bytes(f.grad),
-                    "pending_head_grad": waiting(),
-                }
-            )
-        )
+    accumulate = strategy in NO_SYNC
+    made: dict[int, tuple[StorageWeakRef, int, int]] = {}  # unit: the gradient autograd made
+
+    def keep_made(i: int, g: torch.Tensor) -> None:
+        storage = g.untyped_storage()
+        made[i] = (StorageWeakRef(storage), storage.data_ptr(), storage_bytes(g))
+
+    def moment(i: int, f: nn.Parameter) -> dict:
+        counted = {
+            "gathered": gathered(),
+            "unsharded_grad": storage_bytes(f.grad),
+            "pending_head_grad": waiting(),
+        }
+        if accumulate:  # the kept gradients, and the one just made where it is a storage apart
+            own = grad_storages(f)
+            ref, ptr, nbytes = made[i]
+            counted["made_grad"] = 0 if ref.expired() or ptr in own else nbytes
+            others = {}
+            for j, g in enumerate(flats):
+                if j != i:
+                    others.update(grad_storages(g))
+            counted["other_grads"] = sum(others.values())
+        return counted
+
+    for i, flat in enumerate(flats):  # runs as the unit's gradient is made, before FSDP's own
+        # hook reshards the unit; the tensor hook before that, as autograd hands the gradient
+        flat.register_hook(lambda g, i=i: keep_made(i, g))
+        flat.register_post_accumulate_grad_hook(lambda f, i=i: at_gradient.append(moment(i, f)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    kept: list[dict] = []
     for _ in range(STEPS):  # the second step is counted: the optimizer's state exists by then
+        opt.zero_grad(set_to_none=True)
+        if accumulate:  # the first micro-batch under no_sync, its gradients kept as it leaves them
+            with model.no_sync():
+                model(x).float().pow(2).mean().backward()
+            kept = [
+                {
+                    "bytes": storage_bytes(f.grad),
+                    "numel": 0 if f.grad is None else f.grad.numel(),
+                    "dtype": str(f.grad.dtype).removeprefix("torch."),
+                }
+                for f in flats
+            ]
         at_forward.clear()
         at_gradient.clear()
         pending.clear()
-        opt.zero_grad(set_to_none=True)
         model(x).float().pow(2).mean().backward()
         opt.step()
     moments = [v for s in opt.state.values() for k, v in s.items() if k != "step"]
     return {
+        "kept_after_no_sync": kept,
         "unit_numel": [f._unpadded_unsharded_size.numel() for f in flats],
         "shards": [storage_bytes(f) for f in flats],
         "grads": [storage_bytes(f.grad) for f in flats],
@@ -140,7 +186,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world, device = dist.get_rank(), dist.get_world_size(), torch.device("cpu")
     x = torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(rank))
-    results = {name: run(name, device, x, world) for name in STRATEGIES}
+    results = {name: run(name, device, x, world) for name in STRATEGIES + NO_SYNC}
     report({"rank": rank, "world": world, "results": results})
     teardown()
 

@@ -299,3 +299,18 @@ def test_the_issue_s_questions_each_answer_with_a_number_and_a_verdict(args, cap
     out = capsys.readouterr().out
     assert "GiB" in out and ("fits on" in out or "does not fit" in out), out
     assert "eager mode" in out  # the answer says what it models
+
+
+def test_gradient_sync_last_asks_for_fsdp1_s_no_sync(capsys):
+    """``--gradient-sync last`` reaches the calculator: over FSDP1 with accumulation the answer
+    says so (its bytes: ``tests/test_fit_profiles.py``); a profile that does not model it is
+    refused in one sentence."""
+    base = ["gemma-2b", "--sharding", "fsdp1", "--gpus", "4", "--grad-accumulation", "4"]
+    assert fit_cli.main([*base, "--gpu", "80GB"]) == 0
+    every = capsys.readouterr().out
+    assert fit_cli.main([*base, "--gpu", "80GB", "--gradient-sync", "last"]) == 0
+    last = capsys.readouterr().out
+    assert "no_sync" in last and "no_sync" not in every
+    assert fit_cli.main([*base[:2], "zero3", *base[3:], "--gradient-sync", "last"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fit: gradient_sync='last'") and err.count("\n") == 1, err

@@ -107,13 +107,13 @@ def fsdp1_ranks():
     return {rank: rep["results"] for rank, rep in result.reports.items()}
 
 
-def _fsdp1(sharding: str, weight_bytes: int = 4):
+def _fsdp1(sharding: str, weight_bytes: int = 4, **kw):
     """fp32: Adam over fp32 weights; bf16: the "mixed" recipe (bf16 weights and gradients, an
     fp32 master copy), 16 bytes per parameter as FSDP1 with fp32 shards holds them."""
     whole = {"weights": weight_bytes * FSDP1_PSI, "gradients": weight_bytes * FSDP1_PSI}
     whole["master weights"] = 4 * FSDP1_PSI if weight_bytes == 2 else 0
     whole["optimizer state"] = 8 * FSDP1_PSI
-    return spread(whole, FSDP1_MODEL, weight_bytes, weight_bytes, sharding, 2, Mesh())
+    return spread(whole, FSDP1_MODEL, weight_bytes, weight_bytes, sharding, 2, Mesh(), **kw)
 
 
 @pytest.mark.heavy
@@ -159,6 +159,37 @@ def test_fsdp1_in_bf16_gathers_in_bf16_and_holds_the_mixed_recipe(fsdp1_ranks):
         assert max(moments) == calc.gathered + calc.kept_gathered, (rank, moments)
         held = sum(run["shards"]) + sum(run["grads"]) + run["optimizer_state"]
         assert held == sum(calc.states.values())
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize(("strategy", "weight_bytes"), [("", 4), (" bf16", 2)])
+def test_fsdp1_under_no_sync_keeps_what_the_profile_says(fsdp1_ranks, strategy, weight_bytes):
+    """k = 2 micro-batches, the first under ``no_sync()``: after it each rank keeps every
+    unit's gradient unsharded and unpadded, in the dtype the unit computes in (bf16 under
+    ``MixedPrecision(param_dtype=bfloat16)``), the profile's ``unsharded_grads``. In the syncing
+    micro-batch the largest moment, the first block's gradient made beside all of them (the
+    others still unsharded), is the profile's gathered units plus those gradients; without
+    no_sync (the same profile) it is the gathered units alone."""
+    calc = _fsdp1("fsdp1", weight_bytes, no_sync=True)
+    plain = _fsdp1("fsdp1", weight_bytes)
+    assert plain.unsharded_grads == 0 and plain.gathered == calc.gathered
+    dtype = {4: "float32", 2: "bfloat16"}[weight_bytes]
+    for rank in (0, 1):
+        run = fsdp1_ranks[rank][f"FULL_SHARD{strategy} no_sync"]
+        kept = run["kept_after_no_sync"]
+        assert [k["numel"] for k in kept] == run["unit_numel"] == [ROOT, LAYER, LAYER, LAYER]
+        assert {k["dtype"] for k in kept} == {dtype}, kept
+        assert sum(k["bytes"] for k in kept) == calc.unsharded_grads == weight_bytes * FSDP1_PSI
+        moments = [sum(m.values()) for m in run["at_gradient"]]
+        assert len(moments) == 4, "one gradient per unit: three blocks and the root"
+        assert (
+            max(moments)
+            == moments[0]
+            == (calc.gathered + calc.kept_gathered + calc.unsharded_grads)
+        ), (rank, moments)
+    # LoRA on the blocks: a root with no trainable weight keeps no gradient
+    frozen = _fsdp1("fsdp1", weight_bytes, no_sync=True, frozen_root=True)
+    assert frozen.unsharded_grads == weight_bytes * 3 * LAYER
 
 
 # TP + SP: notebook 10's block (LayerNorm, q/k/v/o, a 4h GELU MLP, biases, SDPA), fp32, on 2 ranks
@@ -223,3 +254,28 @@ def test_a_ring_attention_rank_saves_what_attention_on_its_chunk_saves():
     cp = fit.will_it_fit(toy, batch=2, seq=64, precision="fp32", n_gpus=2, cp=2)
     half = fit.will_it_fit(toy, batch=2, seq=32, precision="fp32")
     assert cp.categories["activations"] == half.categories["activations"]
+
+
+def test_will_it_fit_holds_the_unsharded_gradients_only_under_no_sync():
+    """``gradient_sync="last"`` turns the FSDP1 profile's no_sync term on where micro-batches
+    accumulate, and changes nothing else: the default, one micro-batch, and the step itself
+    (its sharded gradients) stay as they were. Other profiles refuse it in one sentence."""
+    from tutorial_utils import fit
+    from tutorial_utils.decoder import DecoderConfig
+
+    toy = DecoderConfig(vocab=256, d_model=32, n_layers=2, n_heads=4)
+    ask = dict(batch=2, seq=16, precision="fp32", sharding="fsdp1", n_gpus=2)
+    every = fit.will_it_fit(toy, grad_accumulation=2, **ask)
+    last = fit.will_it_fit(toy, grad_accumulation=2, gradient_sync="last", **ask)
+    assert (
+        every.peaks == fit.will_it_fit(toy, grad_accumulation=2, **ask, gradient_sync="every").peaks
+    )
+    one = fit.will_it_fit(toy, **ask)
+    assert one.peaks == fit.will_it_fit(toy, **ask, gradient_sync="last").peaks
+    # fp32: 4 bytes for every weight, unpadded, on each rank, where "every" holds a half
+    assert last.categories["gradients"] == 4 * last.n_parameters
+    assert every.categories["gradients"] < last.categories["gradients"]
+    assert last.peaks["optimizer step"] == every.peaks["optimizer step"]
+    for bad in (dict(gradient_sync="sometimes"), dict(gradient_sync="last", sharding="zero3")):
+        with pytest.raises(ValueError, match="gradient_sync"):
+            fit.will_it_fit(toy, grad_accumulation=2, **{**ask, **bad})

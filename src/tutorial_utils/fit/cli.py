@@ -213,6 +213,14 @@ def parser() -> argparse.ArgumentParser:
         help="FSDP2's MixedPrecisionPolicy reduce_dtype: the parameters' dtype, or fp32 "
         "(torchtitan's) (default param)",
     )
+    p.add_argument(
+        "--gradient-sync",
+        choices=("every", "last"),
+        default="every",
+        help="with --grad-accumulation over FSDP1: reduce every micro-batch's gradients, or "
+        "the last one's only, no_sync() around the others (Lightning's no_backward_sync) "
+        "(default every)",
+    )
     card = p.add_mutually_exclusive_group()
     card.add_argument(
         "--gpu",
@@ -340,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             cp=args.cp,
             reshard_after_forward=args.reshard_after_forward,
             reduce_dtype=args.reduce_dtype,
+            gradient_sync=args.gradient_sync,
         )
     except (TypeError, ValueError) as err:
         print(f"fit: {err}", file=sys.stderr)

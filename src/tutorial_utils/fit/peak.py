@@ -18,7 +18,9 @@ temporaries (the optimizer step) and headroom.
 Activations are freed as gradients appear, so the two never peak together; measured peaks
 (torchtitan's) show the same. With gradient accumulation the gradients of the earlier
 micro-batches are held through the later forwards; with the optimizer step in backward
-(notebook 03, section 7) each gradient is freed as soon as its parameter steps.
+(notebook 03, section 7) each gradient is freed as soon as its parameter steps. FSDP1
+accumulating under ``no_sync()`` (``gradient_sync="last"``) holds every unit's gradient
+unsharded instead, through the later forwards and the syncing backward (profiles).
 
 The answer is for **eager mode**: torch.compile and Float8 change what is saved, and published
 runs with them land in a band below it (report.COMPILE_BAND), shown, not modelled.
@@ -104,6 +106,7 @@ def will_it_fit(
     pp_microbatches: int = 0,
     reshard_after_forward: bool = True,
     reduce_dtype: str = "param",
+    gradient_sync: str = "every",
 ) -> FitReport:
     """One GPU's training memory at the step's peak (see the module's docstring for how).
 
@@ -119,8 +122,9 @@ def will_it_fit(
     torchao quantizes at a time as the base loads; 0: a whole tensor, as torchao 0.1),
     ``ce_chunks``, ``activation_offload``, ``cpu_offload`` (sharded states on the CPU:
     ZeRO-3/FSDP only), ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per
-    step), ``tp``, ``pp``, ``cp``, ``pp_microbatches`` and FSDP2's ``reshard_after_forward`` and
-    ``reduce_dtype`` ("param" or "fp32").
+    step), ``tp``, ``pp``, ``cp``, ``pp_microbatches``, FSDP2's ``reshard_after_forward`` and
+    ``reduce_dtype`` ("param" or "fp32"), and ``gradient_sync`` ("every" micro-batch, or
+    "last": FSDP1's ``no_sync()`` around the others, as Lightning's ``no_backward_sync``).
     """
     start = time.perf_counter()
     label, cfg = config(preset)
@@ -143,6 +147,14 @@ def will_it_fit(
         ("reshard_after_forward", reshard_after_forward),
     ):
         _flag(name, value)
+    if gradient_sync not in ("every", "last"):
+        raise ValueError(f"gradient_sync must be 'every' or 'last', not {gradient_sync!r}")
+    no_sync = gradient_sync == "last" and grad_accumulation > 1
+    if no_sync and (sharding not in ("none", "fsdp1") or cpu_offload):
+        raise ValueError(
+            "gradient_sync='last' (no_sync on all but the last micro-batch) is modelled for "
+            "DDP and FSDP1 FULL_SHARD without CPU offload: choose gradient_sync='every'"
+        )
     if reduce_dtype not in ("param", "fp32"):
         raise ValueError(f"reduce_dtype must be 'param' or 'fp32', not {reduce_dtype!r}")
     if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 0:
@@ -215,6 +227,8 @@ def will_it_fit(
         reshard_after_forward=reshard_after_forward,
         reduce_fp32=reduce_dtype == "fp32",
         trainable_fraction=whole.n_trainable / c.total,
+        no_sync=no_sync,
+        frozen_root=lora is not None,  # the adapters are in the blocks
     )
     states = dict(share.states)
     ranks = (
@@ -240,6 +254,8 @@ def will_it_fit(
         forward_acts = in_flight * layers * block_held + head_held
     grads_share = states["gradients"]
     held_grads = grads_share if grad_accumulation > 1 else 0  # the earlier micro-batches'
+    if share.unsharded_grads:  # FSDP1's no_sync: held unsharded until the syncing backward's end
+        held_grads = share.unsharded_grads
     # At the start of backward the head's weight gradients exist in full (under ZeRO-3 they are
     # in the gathered unit). The head pass's include the embedding's, which a real step makes
     # last: counted early, a small overstatement.
@@ -250,7 +266,7 @@ def will_it_fit(
         end_grads = per["gradients"] * largest
         temps = step_temporaries([largest], optimizer, optimizer_impl, state_bytes)
     else:
-        end_grads = grads_share
+        end_grads = held_grads if share.unsharded_grads else grads_share
         temps = step_temporaries(local, optimizer, optimizer_impl, state_bytes)
     if cpu_offload:
         temps = 0
@@ -320,6 +336,7 @@ def will_it_fit(
         mesh=mesh,
         reshard_after_forward=reshard_after_forward,
         reduce_dtype=reduce_dtype,
+        gradient_sync=gradient_sync,
     )
     notes = _notes(optimizer, on_cpu, sharding)
     return FitReport(
@@ -371,6 +388,7 @@ def will_it_fit(
             pp_microbatches=pp_microbatches,
             reshard_after_forward=reshard_after_forward,
             reduce_dtype=reduce_dtype,
+            gradient_sync=gradient_sync,
         ),
     )
 
@@ -387,6 +405,7 @@ def _extras(
     mesh,
     reshard_after_forward,
     reduce_dtype,
+    gradient_sync,
 ) -> tuple[str, ...]:
     """The knobs away from their defaults, in words (the default answer's text is unchanged)."""
     said = []
@@ -413,6 +432,8 @@ def _extras(
         said.append("reshard_after_forward=False")
     if reduce_dtype == "fp32":
         said.append("fp32 gradient reduction")
+    if gradient_sync == "last":
+        said.append("gradients synced on the last micro-batch only (no_sync)")
     return tuple(said)
 
 

@@ -27,7 +27,13 @@ and what the profile adds at its compute moments, for
   flat gradient and the head's gradient (made first, it waits in autograd for the root's
   flat parameter) at once; or, at the end, the root and its unsharded gradient.
   ``SHARD_GRAD_OP`` keeps every unit gathered from its forward until its gradient is made.
-  ``tests/test_fit_profiles.py`` holds both to what 2 gloo ranks count (``fit_fsdp1_ranks.py``).
+  Under ``no_sync()`` (gradient accumulation that syncs on the last micro-batch only, as
+  Lightning's ``no_backward_sync``) each rank keeps every unit's gradient unsharded, in the
+  compute dtype, from the first micro-batch until the syncing one reduce-scatters it, and for
+  the whole flat parameter of a unit that holds any trainable weight (a LoRA block: its frozen
+  weights too); the syncing micro-batch's first gradient is made beside all of them.
+  ``tests/test_fit_profiles.py`` holds all three to what 2 gloo ranks count
+  (``fit_fsdp1_ranks.py``).
 - **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
   TP divides every block's and the embedding's and head's weights by its degree, and with
   PyTorch's SP plan every activation but two: the inputs of attention's and the MLP's first
@@ -130,6 +136,7 @@ class Spread:
     buckets: int  # DDP's gradient buckets
     unit: str  # what the largest unit is, said in words
     unit_weights: int = 0  # of ``gathered``: the unit's gathered weights alone
+    unsharded_grads: int = 0  # FSDP1 under no_sync: every unit's gradient, kept unsharded
 
 
 def spread(
@@ -144,9 +151,13 @@ def spread(
     reshard_after_forward: bool = True,
     reduce_fp32: bool = False,
     trainable_fraction: float = 1.0,
+    no_sync: bool = False,
+    frozen_root: bool = False,
 ) -> Spread:
     """One GPU's share (see the module's docstring). ``trainable_fraction``: the share of the
-    parameters that have gradients (LoRA: only the adapters)."""
+    parameters that have gradients (LoRA: only the adapters); ``no_sync``: FSDP1 accumulates
+    under ``no_sync()``; ``frozen_root``: the root unit holds no trainable weight (LoRA on the
+    blocks), so it keeps no gradient."""
     blocks = c.n_layers * c.block
     if mesh.pp > 1:
         stage_n = blocks / mesh.pp + max(c.root_tensors)
@@ -180,6 +191,8 @@ def spread(
             weight_bytes,
             grad_bytes,
             trainable_fraction,
+            no_sync and not frozen_root,
+            no_sync and trainable_fraction > 0,
         )
     extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
     if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
@@ -198,10 +211,14 @@ def _fsdp1(
     weight_bytes: int,
     grad_bytes: int,
     trainable_fraction: float,
+    root_unsynced: bool,
+    blocks_unsynced: bool,
 ) -> Spread:
     """FSDP1's share (see the module's docstring): flat units padded to a multiple of the
-    ranks, the root gathered from its forward to its gradient, and the moment a unit's
-    gradient is made (``tests/fit_fsdp1_ranks.py`` counts each of these)."""
+    ranks, the root gathered from its forward to its gradient, the moment a unit's gradient is
+    made, and the gradients ``no_sync()`` keeps unsharded: each unit's (the root's, the
+    blocks') whole, unpadded, where it holds a trainable weight (``tests/fit_fsdp1_ranks.py``
+    counts each of these)."""
 
     def padded(n: int) -> int:
         return -(-n // ranks) * ranks
@@ -224,13 +241,14 @@ def _fsdp1(
     # for the root's flat parameter until the end: a view of it made before any block ran,
     # whose node autograd runs last (it runs the latest-made ready node first)
     head_g = int(grad_bytes * max(c.root_tensors, default=0) // mesh.tp * trainable_fraction)
+    unsharded = grad_bytes * (root * root_unsynced + layers * block * blocks_unsynced)
     if sharding == "fsdp1-grad-op":  # every unit stays gathered through backward
         every_unit = root_w + layers * block_w
         words = "every unit, kept gathered"
         # the last block's gradient with every unit still gathered, or the root's alone with
         # the blocks resharded by then
         gathered = max(block_g + head_g, root_w + root_g - every_unit)
-        return Spread(states, fraction, gathered, every_unit, 0, words, block_w)
+        return Spread(states, fraction, gathered, every_unit, 0, words, block_w, unsharded)
     # FULL_SHARD: the root kept from forward on; as a block's gradient is made, this block and
     # the next (prefetched: the root, already gathered, for the last) with its gradient and the
     # head's waiting; at the end the root's gradient
@@ -240,4 +258,4 @@ def _fsdp1(
         f"one block, {block / 1e6:,.0f} M parameters, and the next, prefetched, "
         f"beside the root, {root / 1e6:,.0f} M, kept gathered"
     )
-    return Spread(states, fraction, gathered, root_w, 0, words, root_w + block_w)
+    return Spread(states, fraction, gathered, root_w, 0, words, root_w + block_w, unsharded)

@@ -37,6 +37,7 @@ KNOB_WORDS = {
     "cp": "a CP degree",
     "reshard_after_forward": "FSDP2's reshard_after_forward",
     "reduce_dtype": "FSDP2's reduce dtype",
+    "gradient_sync": "FSDP1's no_sync on all but the last micro-batch",
 }
 #: Knobs that say how to ask, not what is modelled: not rows of the table.
 _NOT_KNOBS = ("gpu", "headroom", "lora_targets", "pp_microbatches")
@@ -124,9 +125,8 @@ def table() -> Scope:
         ("allocator reserve", reserve.source),
         (
             "some QLoRA and FSDP1 runs",
-            "published peaks more than 10 % above the answer (QLoRA's; FSDP1's, whose no_sync "
-            "keeps every unit's gradient unsharded): tests/test_fit_published.py names the term "
-            "each one lacks",
+            "published peaks more than 10 % above the answer (QLoRA's; FSDP1's without no_sync, "
+            "not identified): tests/test_fit_published.py names the term each one lacks",
         ),
         (
             "paged 8-bit AdamW",
