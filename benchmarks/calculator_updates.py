@@ -7,8 +7,8 @@ Issue 21 asks for at most 2 s per change for presets up to 8B on a 2-core machin
 preset, three kinds of change, each timed by ``Calculator.updates`` (the whole redraw: the
 answer, the advice when it does not fit, the summary, the bar rendered to a PNG):
 
-- a new shape: the activations by formula (``fit.activation_formulas``), or where none is
-  written (the widget's default, selective checkpointing) the block and the head on fake
+- a new shape: the activations by formula (``fit.activation_formulas``; the widget's default,
+  selective checkpointing, has one), or where none is written the block and the head on fake
   tensors; both caches are cleared before each run, so every run pays it;
 - another new batch;
 - a shape seen before, answered from the cache.
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument(
         "--checkpointing",
         default="every-second-matmul",
-        help="the widget's default (selective: no formula, fake tensors); none or full: formula",
+        help="the widget's default, every-second-matmul (selective); each mode has a formula",
     )
     parser.add_argument("--presets", nargs="*", default=list(PRESETS), metavar="NAME")
     args = parser.parse_args()

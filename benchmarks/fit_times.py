@@ -58,6 +58,8 @@ def in_process(call) -> tuple[float, float, bool]:
 
 
 ADVICE = ("llama-3.2-1b", "--batch", "8", "--seq", "4096", "--gpu", "RTX 4090")
+WIDGET = ("llama-3.1-8b", "--precision", "mixed", "--checkpointing", "selective")
+WIDGET += ("--sharding", "zero3", "--gpus", "8", "--gpu", "H100")
 FRESH = {
     "--help": ("--help",),
     "llama-3.1-8b --gpu H100 (README)": ("llama-3.1-8b", "--gpu", "H100"),
@@ -65,6 +67,7 @@ FRESH = {
     "llama-3.1-8b --lora 16": ("llama-3.1-8b", "--lora", "16"),
     "llama-3.1-70b --tp 8 --gpus 64": ("llama-3.1-70b", "--tp", "8", "--gpus", "64"),
     "advice: llama-3.2-1b b8 x 4096, RTX 4090": ADVICE,
+    "widget's default: mixed, selective, zero3 x 8": WIDGET,
     "no formula: gpt2 --ce-chunks 8": ("gpt2", "--ce-chunks", "8"),
 }
 

@@ -49,6 +49,9 @@ CASES = (
     ("bf16-master", "every-second-matmul", None),
     ("autocast-bf16", "none", Lora(16, "attention")),
     ("bf16-master", "full", None),
+    ("autocast-bf16", "full", None),  # the advice's first try
+    ("autocast-bf16", "full", Lora(16, "attention")),
+    ("autocast-bf16", "every-matmul", None),
     ("pure-bf16", "none", Lora(8, "qv")),
     ("bf16-master", "none", Lora(16, "attention")),
     ("fp32", "none", None),
@@ -80,27 +83,27 @@ def test_the_formula_equals_the_fake_tensor_pass_on_real_shapes(name):
 
 
 def test_the_common_questions_have_a_formula():
-    """The CLI's default recipe (autocast) and bf16 weights, without checkpointing, for the
-    Llama-style untied head (Llama 3.1 8B/70B/405B, Llama 2, Mistral, Qwen2.5 7B+) and GPT-2's
-    block, and LoRA on bf16 weights: answered without torch (tests/test_fit_cli.py relies on
-    it). The cases with no formula are listed in ``activation_terms.MISSING``."""
-    for key in (
-        ("rms-swiglu", "untied", "autocast", "none", "none"),
-        ("rms-swiglu", "untied", "bf16-module", "none", "none"),
-        ("rms-swiglu", "untied", "bf16-module", "none", "attention"),
-        ("rms-swiglu", "tied", "bf16-module", "none", "attention"),
-        ("layer-gelu", "untied", "autocast", "none", "none"),
-    ):
-        assert key in TERMS, key
+    """The CLI's default recipe (autocast) and bf16 weights, under every checkpointing mode the
+    advice tries, for the Llama-style heads, untied (Llama 3.1 8B/70B/405B, Llama 2, Mistral,
+    Qwen2.5 7B+) and tied (Llama 3.2 1B/3B, Gemma, small Qwen2.5); the widget's default (bf16
+    weights, every second matmul); LoRA under autocast and on bf16 weights; GPT-2's untied
+    block: answered without torch (tests/test_fit_cli.py relies on it). The cases with no
+    formula are listed in ``activation_terms.MISSING``."""
+    for head in ("untied", "tied"):
+        for recipe in ("autocast", "bf16-module"):
+            for ckpt in ("none", "full", "every-matmul", "every-second-matmul"):
+                assert ("rms-swiglu", head, recipe, ckpt, "none") in TERMS, (head, recipe, ckpt)
+        for ckpt in ("none", "full"):
+            assert ("rms-swiglu", head, "autocast", ckpt, "attention") in TERMS, (head, ckpt)
+        assert ("rms-swiglu", head, "bf16-module", "none", "attention") in TERMS, head
+    assert ("layer-gelu", "untied", "autocast", "none", "none") in TERMS
     assert not set(TERMS) & {tuple(m[:5]) for m in MISSING}
 
 
 def test_no_formula_where_the_pass_decides():
-    """The matmul policies, QLoRA, explicit attention, cross-entropy in chunks and a LayerNorm +
-    SwiGLU block: the pass."""
+    """QLoRA, explicit attention, cross-entropy in chunks and a LayerNorm + SwiGLU block: the
+    pass."""
     _, cfg = shapes.config("llama-1b")
-    for policy in ("every-matmul", "every-second-matmul"):
-        assert af.by_formula(cfg, 1, 512, "autocast-bf16", policy) is None
     qlora = Lora(16, "attention", "nf4")  # its frozen linears dequantize: not solved for
     assert af.by_formula(cfg, 1, 512, "bf16-master", "none", qlora) is None
     assert af.by_formula(cfg, 1, 512, "bf16-master", "none", Lora(16, "attention")) is not None

@@ -102,14 +102,19 @@ def test_an_argument_error_answers_before_importing_torch():
         ("llama-3.1-70b", "--tp", "8", "--gpus", "64"),
         ("llama-3.1-8b", "--sharding", "fsdp2", "--gpus", "8", "--gpu", "H100"),
         ("llama-3.1-8b", "--precision", "mixed", "--lora", "16"),
+        ("llama-3.1-8b", "--gpu", "H100"),  # README: its advice tries LoRA and checkpointing
+        ("llama-3.1-8b", "--lora", "16"),  # LoRA under autocast
+        ("llama-3.2-1b", "--batch", "8", "--seq", "4096", "--gpu", "RTX 4090"),  # the advice
+        ("gpt2", "--batch", "16", "--checkpointing", "full"),  # a tied head, recomputed
     ],
 )
 def test_a_typical_question_answers_without_importing_torch(args):
     """Questions with an activation formula (fit.activation_formulas, checked against the
     fake-tensor pass in tests/test_fit_activation_terms.py) answer with no torch in a fresh
     Python, which is what keeps a call well under a second of CPU (benchmarks/fit_times.py
-    times it). Advice that tries a case with no formula (full checkpointing, LoRA under
-    autocast) imports torch for it: test_a_question_with_no_formula_still_answers."""
+    times it), and so does the advice, which tries every checkpointing policy, LoRA and bf16
+    weights. A case with no formula imports torch for it:
+    test_a_question_with_no_formula_still_answers."""
     imported, done = _imports_torch(*args)
     assert done.returncode in (0, 1), done.stderr  # 1: it does not fit
     assert "GiB" in done.stdout and ("fits" in done.stdout or "peak" in done.stdout), done.stdout

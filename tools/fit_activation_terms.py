@@ -1,6 +1,7 @@
 """Write ``fit/activation_terms.py``: the fake-tensor pass's activations as formulas, per family.
 
-    python tools/fit_activation_terms.py   # about 11 minutes on 2 loaded cores; rewrites the file
+    python tools/fit_activation_terms.py   # about an hour on 2 loaded cores; rewrites the file
+    python tools/fit_activation_terms.py --only rms-swiglu,tied,autocast,full,none  # one case
 
 Why: ``fit.activations`` runs one block and the head on fake tensors, exact but it needs torch
 (seconds to import). Every figure it books is, for a block family (norm x MLP), a recipe's
@@ -10,6 +11,12 @@ sum less the weight gradients (or what is held) where a moment's bytes fall unde
 already counted. This tool runs the pass on random small shapes of each case, solves for the
 multiples, checks them on every shape it ran (all must agree to the byte; otherwise the case
 gets no formula and the calculator keeps the pass) and writes them.
+
+A backward's peak is the largest of several sums: one per moment (under checkpointing, the
+recomputed block's saved tensors, then each gradient as it is made). Where one or two sums do
+not give every row, ``fit_traced`` reads the pass's bookings one by one (``Trace``): rows that
+booked the same operators in the same order give, at each booking, a sum solved exactly across
+them; the field is the largest of the sums that reach some row's peak and exceed none.
 ``tests/test_fit_activation_terms.py`` checks them again against the pass on every preset
 family's real shapes (Llama, Mistral, Qwen2, Gemma, GPT-2), to the byte.
 """
@@ -27,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from tutorial_utils import anatomy  # noqa: E402
 from tutorial_utils.decoder_config import DecoderConfig  # noqa: E402
 from tutorial_utils.fit import activation_formulas as af  # noqa: E402
 from tutorial_utils.fit.activations import activations  # noqa: E402
@@ -34,11 +42,10 @@ from tutorial_utils.fit.states import Lora  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "src/tutorial_utils/fit/activation_terms.py"
 RECIPES = {"autocast": "autocast-bf16", "bf16-module": "bf16-master", "fp32": "fp32"}
-#: fp32 training is asked for least (and its block's moments take more sums): the pass, unless
-#: ``--fp32`` asks this tool to solve for it too.
-#: The matmul policies (every-matmul, selective) recompute part of a block in backward, whose
-#: peak is the largest of more sums than this tool separates: the pass answers them.
-CHECKPOINTING = ("none", "full")
+#: fp32 training is asked for least: the pass, unless ``--fp32`` asks this tool to solve for
+#: it too. Under checkpointing backward recomputes part of a block, and its peak is the largest
+#: of several sums (one per moment of the backward): ``traced`` finds each moment's sum.
+CHECKPOINTING = ("none", "full", "every-second-matmul", "every-matmul")
 LORA = ("none", "attention", "qv", "all")
 FAMILIES = ("rms-swiglu", "layer-gelu")
 ROWS = 48
@@ -73,7 +80,7 @@ def random_config(family: str, head: str, rng: random.Random) -> DecoderConfig:
         n_heads=heads,
         d_ff=rng.choice([4 * h, 3 * h + 8]),
         tied=head == "tied",
-        max_positions=rng.choice([0, 512]),
+        max_positions=rng.choice([0, 512, 640, 1024]),  # P varies: P*h is not a multiple of h
     )
 
 
@@ -139,10 +146,112 @@ def fit_field(rows, part: str, field: str):
         got = [af.evaluate([first, second], less, r["features"], r[part]) for r in rows]
         if got == want:
             return [first, second], less
+    if (part, field) in WINDOWS:
+        return fit_traced(rows, part, field)
     return None
 
 
-def write(table: dict, missing: list) -> None:
+class Trace:
+    """Every booking of the fake pass, as (window, operator, bytes in use then): wrapped around
+    the accountant's ``run`` while a row is computed. A moment's peak is reached at a booking,
+    so a window's peak is the largest of its bookings' figures."""
+
+    events: list | None = None
+    _run = anatomy._FakeAccountant.run
+
+    @staticmethod
+    def run(acc, func, args, kwargs, call):
+        if Trace.events is None or not acc.windows:
+            return Trace._run(acc, func, args, kwargs, call)
+        before, acc.peak = acc.peak, acc.current
+        out = Trace._run(acc, func, args, kwargs, call)
+        window = acc.windows[-1]
+        Trace.events.append((window, window.start, str(func), acc.peak - window.start))
+        acc.peak = max(before, acc.peak)
+        return out
+
+
+anatomy._FakeAccountant.run = Trace.run
+
+
+def traced(*args) -> tuple:
+    """``activations(*args)`` (not cached) and its four windows' bookings: block forward, block
+    backward, head forward, head backward; each a list of (operator, bytes over the window's
+    start)."""
+    Trace.events = []
+    try:
+        found = activations.__wrapped__(*args)
+    finally:
+        events, Trace.events = Trace.events, None
+    order = list({id(e[0]): e[0] for e in events})  # (each window is kept alive by events)
+    windows = [[(e[2], e[3]) for e in events if id(e[0]) == w] for w in order]
+    assert len(windows) == 4, len(windows)
+    return found, windows
+
+
+#: (part, field) -> which window's bookings give its sums, and what a sum is compared with
+#: (a booking is bytes over its window's start: forward starts before the part ran, backward
+#: after its forward, with ``held`` in use).
+WINDOWS = {("block", "backward_over"): (1, "grads"), ("head", "backward_over"): (3, "grads")}
+WINDOWS |= {("head", "forward_over"): (2, "held")}
+
+
+def fit_traced(rows, part: str, field: str):
+    """The field as the largest of the bookings' sums: rows whose pass booked the same operators
+    in the same order are solved together, one sum per booking (exact on every row of the group,
+    or dropped); then every sum that exceeds no row's figure and reaches some row's is kept,
+    and the largest of them must give every row's figure."""
+    window, less = WINDOWS[(part, field)]
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(name for name, _ in r["windows"][window]), []).append(i)
+    X = np.array([[float(x) for x in r["features"]] for r in rows])
+    candidates: dict[tuple, dict] = {}
+    # a group whose q/k/v have biases (b = 1) cannot tell q from b*q: the products that depend
+    # on a switch come first, so that its sums name them and stay 0 where the switch is off
+    switched = [j for j, n in enumerate(af.FEATURES) if n[:2] in ("b*", "t*", "p*")]
+    order = np.array(switched + [j for j in range(X.shape[1]) if j not in switched])
+    for members in groups.values():
+        keep = order[independent(X[members][:, order])]
+        if len(members) < len(keep) + 4:
+            continue  # too few rows to pin a sum down
+        Y = np.array([[float(v) for _, v in rows[i]["windows"][window]] for i in members])
+        c, *_ = np.linalg.lstsq(X[members][:, keep], Y, rcond=None)
+        coef = np.zeros((X.shape[1], Y.shape[1]))
+        coef[keep] = np.round(c * 8) / 8
+        exact = np.abs(X[members] @ coef - Y).max(axis=0) == 0
+        for j in np.flatnonzero(exact):
+            named = zip(af.FEATURES, coef[:, j], strict=True)
+            terms = {n: Fraction(v).limit_denominator(8) for n, v in named if v}
+            candidates.setdefault(tuple(sorted(terms.items())), terms)
+    want = [getattr(r[part], field) for r in rows]
+    cap = [w + af.subtracted(r[part], less) for w, r in zip(want, rows, strict=True)]
+    # the window opens with the loss (a scalar, not in ``held``) in use: a constant to add
+    extra = {
+        cap[i] - max(v for _, v in r["windows"][window]) for i, r in enumerate(rows) if want[i]
+    }
+    if len(extra) != 1:
+        return None
+    (extra,) = extra
+    for terms in candidates.values():
+        terms["1"] = terms.get("1", 0) + extra
+    values = {
+        key: [af.evaluate(t, "nothing", r["features"], None) for r in rows]
+        for key, t in candidates.items()
+    }
+    valid = {k: v for k, v in values.items() if all(x <= m for x, m in zip(v, cap, strict=True))}
+    # every moment that is the peak of some row, in the order of how many rows it reaches
+    reached = {
+        k: sum(v[i] == cap[i] for i in range(len(rows)) if want[i]) for k, v in valid.items()
+    }
+    chosen = [candidates[k] for k in sorted(valid, key=lambda k: -reached[k]) if reached[k]]
+    terms = {} if not chosen else chosen[0] if len(chosen) == 1 else chosen
+    if [af.evaluate(terms, less, r["features"], r[part]) for r in rows] == want:
+        return terms, less
+    return None
+
+
+def write(table: dict, missing: list, out: Path = OUT) -> None:
     text = (
         "# ruff: noqa: E501\n"
         '"""Generated by ``tools/fit_activation_terms.py`` (do not edit): the fake-tensor pass\'s\n'
@@ -153,7 +262,7 @@ def write(table: dict, missing: list) -> None:
         "\n#: The cases with no formula (the calculator runs the pass for them).\n"
         f"MISSING = {missing!r}\n"
     )
-    OUT.write_text(text)
+    out.write_text(text)
 
 
 def main() -> None:
@@ -161,8 +270,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fp32", action="store_true", help="solve for fp32 training too")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="solve only the cases whose key holds all the words of one of these (e.g. "
+        "tied,autocast,full untied,none,attention); the others keep what the file has",
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="where to write (default: fit/)")
     args = parser.parse_args()
     table, missing = {}, []
+    if args.only is not None:
+        from tutorial_utils.fit.activation_terms import MISSING, TERMS
+
+        table, missing = dict(TERMS), list(MISSING)
     # the questions people ask most first (each case is written as soon as it is solved):
     # Llama-style untied heads (Llama 3.1 8B/70B/405B, Mistral, Qwen2.5 7B+), GPT-2, then the
     # tied Llama-style heads (Llama 3.2 1B/3B, Gemma, small Qwen2.5)
@@ -178,6 +299,11 @@ def main() -> None:
         for recipe in recipes
     ]
     for ckpt, recipe, targets, family, tying in cases:
+        key = (family, tying, recipe, ckpt, targets)
+        if args.only is not None and not any(set(o.split(",")) <= set(key) for o in args.only):
+            continue
+        table.pop(key, None)
+        missing = [m for m in missing if m[:5] != key]
         precision = RECIPES[recipe]
         rng = random.Random(args.seed)
         rows = []
@@ -186,9 +312,9 @@ def main() -> None:
             batch, seq = rng.choice([1, 2, 3]), rng.choice([4, 8, 16, 64, 256, 512])
             rank = rng.choice([2, 4, 8]) if targets != "none" else 0
             lora = Lora(rank, targets) if rank else None
-            block, head = activations(cfg, batch, seq, precision, ckpt, lora)
+            (block, head), windows = traced(cfg, batch, seq, precision, ckpt, lora)
             feats = af.features(cfg, batch, seq, rank)
-            rows.append({"features": feats, "block": block, "head": head})
+            rows.append({"features": feats, "block": block, "head": head, "windows": windows})
         key = (family, tying, recipe, ckpt, targets)
         entry = {}
         for part, field in af.FIELDS:
@@ -205,8 +331,8 @@ def main() -> None:
         else:
             table[key] = entry
         print(key, "ok" if key in table else f"no formula: {missing[-1]}", flush=True)
-        write(table, missing)
-    print(f"wrote {OUT}: {len(table)} cases, {len(missing)} without a formula")
+        write(table, missing, args.out)
+    print(f"wrote {args.out}: {len(table)} cases, {len(missing)} without a formula")
 
 
 if __name__ == "__main__":

@@ -2,21 +2,21 @@
 
 One job: answer ``activations.activations(...)`` (one block, and the embedding + head + loss)
 without importing torch, which takes seconds. For a block family (RMSNorm + SwiGLU: Llama,
-Mistral, Qwen2, Gemma; LayerNorm + GELU: GPT-2), a recipe's module dtype, full or no
-checkpointing and a LoRA target set, every figure the pass books is a sum of whole-number
-multiples of the shape's products (tokens x d_model, d_model x d_ff, vocab x d_model, ...), or
-the larger of 0 and such a sum less what the part already holds or its weight gradients (a
-moment that stays under what is counted already). ``tools/fit_activation_terms.py`` solves
-for the multiples on the pass's own figures and writes them to ``activation_terms``;
+Mistral, Qwen2, Gemma; LayerNorm + GELU: GPT-2), a recipe's module dtype, a checkpointing mode
+and a LoRA target set, every figure the pass books is a sum of whole-number multiples of the
+shape's products (tokens x d_model, d_model x d_ff, vocab x d_model, ...), or the larger of 0
+and such a sum less what the part already holds or its weight gradients (a moment that stays
+under what is counted already). A backward's peak is the largest of several such sums, one per
+moment (under checkpointing: while the block is recomputed, while its MLP's gradients are
+made, ...): ``tools/fit_activation_terms.py`` finds each moment's sum from the pass's own
+bookings on small shapes and writes them to ``activation_terms``;
 ``tests/test_fit_activation_terms.py`` runs the pass again on every preset family's real
 shapes and asserts the formula equals it, to the byte.
 
-Where no formula is written, the pass runs (torch is imported then): the matmul policies
-(``every-matmul``, ``selective``: backward recomputes part of each block, and its peak is the
-largest of more sums than the tool separates), cross-entropy in chunks (each chunk's size is
-rounded up), explicit attention (its s x s scores are not a multiple of the tokens), any other
-block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base or with dropout, and
-any case the tool could not solve (``activation_terms.MISSING``).
+Where no formula is written, the pass runs (torch is imported then): cross-entropy in chunks
+(each chunk's size is rounded up), explicit attention (its s x s scores are not a multiple of
+the tokens), any other block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base
+or with dropout, and any case the tool could not solve (``activation_terms.MISSING``).
 """
 
 from __future__ import annotations
@@ -121,8 +121,6 @@ def _case(cfg: DecoderConfig, precision: str, checkpointing: str, lora, ce_chunk
     family = {("rms", "swiglu", False): "rms-swiglu", ("layer", "gelu", True): "layer-gelu"}
     name = family.get((cfg.norm, cfg.mlp, cfg.bias))
     if name is None or cfg.attention != "sdpa" or ce_chunks != 1:
-        return None
-    if checkpointing not in ("none", "full"):
         return None
     if lora is not None and (lora.base != "bf16" or getattr(lora, "dropout", 0)):
         return None  # solved for adapters on a bf16 base without dropout only
