@@ -121,6 +121,7 @@ def test_a_typical_question_answers_without_importing_torch(args):
     assert not imported, f"fit {' '.join(args)} imported torch"
 
 
+@pytest.mark.heavy  # a child Python that imports torch
 def test_a_question_with_no_formula_still_answers_on_fake_tensors():
     """Cross-entropy in chunks has no formula (each chunk's size is rounded up): the pass runs,
     torch is imported, and the answer comes all the same."""
