@@ -21,6 +21,7 @@ __all__ = [
     "RECIPES",
     "SHARDING",
     "checkpointing",
+    "flag",
     "lora_targets",
     "optimizer",
     "optimizer_impl",
@@ -187,3 +188,10 @@ def positive_int(what: str, value, largest: int = 2**31) -> int:
     if not 1 <= value <= largest:
         raise ValueError(f"{what} must be a whole number from 1 to {largest:,}, not {value:,}")
     return int(value)
+
+
+def flag(what: str, value) -> bool:
+    """``value`` as a switch: True or False only (1, "yes" or None are refused in one sentence)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, not {value!r}")
+    return value

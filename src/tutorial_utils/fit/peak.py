@@ -71,12 +71,6 @@ def _formula_total(
     return int(states + acts + logits + copies)
 
 
-def _flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return value
-
-
 def will_it_fit(
     preset: str | dict | DecoderConfig = "llama-1b",
     batch: int = 1,
@@ -139,14 +133,14 @@ def will_it_fit(
     tp, pp, cp = (inputs.positive_int(n, v, 2**12) for n, v in (("tp", tp), ("pp", pp), ("cp", cp)))
     ce_chunks = inputs.positive_int("ce_chunks", ce_chunks, 2**12)
     grad_accumulation = inputs.positive_int("grad_accumulation", grad_accumulation)
-    _flag("headroom", headroom)
+    inputs.flag("headroom", headroom)
     for name, value in (
         ("activation_offload", activation_offload),
         ("cpu_offload", cpu_offload),
         ("optimizer_in_backward", optimizer_in_backward),
         ("reshard_after_forward", reshard_after_forward),
     ):
-        _flag(name, value)
+        inputs.flag(name, value)
     if gradient_sync not in ("every", "last"):
         raise ValueError(f"gradient_sync must be 'every' or 'last', not {gradient_sync!r}")
     no_sync = gradient_sync == "last" and grad_accumulation > 1
@@ -237,7 +231,7 @@ def will_it_fit(
     local = [max(1, math.ceil(n * share.fraction / ranks)) for n in whole.trainable]
     on_cpu = {}
     if cpu_offload:  # the shards live on the CPU; the optimizer steps there
-        on_cpu = {k: states[k] for k in states}
+        on_cpu = dict(states)
         states = dict.fromkeys(states, 0)
     block, head = activations(
         cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..formulas import pipeline_in_flight
 from .shapes import Counts
 
 __all__ = ["SHARDED_BY_STAGE", "Mesh", "Spread", "shard_model_states", "spread", "tp_block_held"]
@@ -119,10 +120,9 @@ class Mesh:
 
     @property
     def in_flight(self) -> int:
-        """Micro-batches whose activations the first stage holds at once under 1F1B: it runs
-        ``pp`` forwards before its first backward (stage ``s`` holds ``pp - s``; GPipe would
-        hold every micro-batch). ``pipeline_gpipe.py`` counts it in notebook 08."""
-        return min(self.pp, self.microbatches or self.pp)
+        """Micro-batches whose activations the first stage holds at once under 1F1B
+        (``formulas.pipeline_in_flight``, which notebook 08 measures)."""
+        return pipeline_in_flight("1F1B", self.microbatches or self.pp, self.pp, 0)
 
 
 @dataclass(frozen=True)
@@ -170,15 +170,6 @@ def spread(
     buckets = shared["gradients"] if sharding == "none" and mesh.dp(n_gpus) > 1 else 0
     if sharding not in ("zero3", "fsdp1", "fsdp1-grad-op", "fsdp2") or ranks == 1:
         return Spread(shared, fraction, 0, 0, buckets, "")
-    unit_n, name = max(
-        (c.root, "the root (embedding, final norm, output head)"), (c.block, "one block")
-    )
-    unit_n = unit_n // mesh.tp
-    words = f"{name}, {unit_n / 1e6:,.0f} M parameters"
-    grads = int(grad_bytes * unit_n * trainable_fraction)
-    w = weight_bytes * unit_n
-    # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
-    every_unit = int(weight_bytes * stage_n / mesh.tp)
     if sharding in ("fsdp1", "fsdp1-grad-op"):
         return _fsdp1(
             sharding,
@@ -194,6 +185,15 @@ def spread(
             no_sync and not frozen_root,
             no_sync and trainable_fraction > 0,
         )
+    unit_n, name = max(
+        (c.root, "the root (embedding, final norm, output head)"), (c.block, "one block")
+    )
+    unit_n = unit_n // mesh.tp
+    words = f"{name}, {unit_n / 1e6:,.0f} M parameters"
+    grads = int(grad_bytes * unit_n * trainable_fraction)
+    w = weight_bytes * unit_n
+    # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
+    every_unit = int(weight_bytes * stage_n / mesh.tp)
     extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
     if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
         return Spread(shared, fraction, grads + extra, every_unit, 0, words, w)

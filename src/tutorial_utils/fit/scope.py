@@ -13,6 +13,7 @@ import html
 import inspect
 from dataclasses import dataclass
 
+from ..decoder_config import DecoderConfig
 from . import cards, inputs, presets
 from .headroom import HEADROOM
 from .peak import will_it_fit
@@ -81,8 +82,6 @@ def _knobs() -> str:
 def moments() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The moments a report weighs, asked of a toy decoder: those of every step, and those only
     QLoRA adds (the moment its base is loaded, where the package models one)."""
-    from ..decoder import DecoderConfig
-
     toy = DecoderConfig(vocab=64, d_model=32, n_layers=1, n_heads=4)
     every = tuple(will_it_fit(toy, batch=1, seq=8).peaks)
     qlora = will_it_fit(toy, batch=1, seq=8, precision="pure-bf16", lora_rank=2, lora_base="nf4")

@@ -98,14 +98,8 @@ _READ = {
     "ce_chunks": lambda v: inputs.positive_int("ce_chunks", v, 2**12),
     "grad_accumulation": lambda v: inputs.positive_int("grad_accumulation", v, 2**20),
     **{n: lambda v, n=n: inputs.positive_int(n, v, 2**12) for n in ("tp", "pp", "cp")},
-    **{n: lambda v, n=n: _boolean(n, v) for n in _SWITCHES},
+    **{n: lambda v, n=n: inputs.flag(n, v) for n in _SWITCHES},
 }
-
-
-def _boolean(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return value
 
 
 def _one_of(name: str, value, allowed: tuple) -> str:
