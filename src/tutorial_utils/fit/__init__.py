@@ -5,6 +5,7 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``inputs``: the names people type for the knobs (``bf16``, ``adam``, ``selective``), no torch
 - ``presets``: models by name (with each shape's config.json source) or by config.json, no torch
 - ``cards``: GPU cards as programs see them, and sizes (``24GB``), no torch
+- ``reserve_pairs``: published peak reserved / allocated pairs and the rules that count them
 - ``headroom``: the CUDA context and the allocator's reserve, each with its source
 - ``shapes``: the model's ``DecoderConfig`` and its parameter counts (by formula, no torch)
 - ``states``: weights, gradients, master weights, optimizer state (8-bit, LoRA, QLoRA)
@@ -69,6 +70,7 @@ _MODULES = (
     "inputs",
     "presets",
     "cards",
+    "reserve_pairs",
     "headroom",
     "shapes",
     "states",

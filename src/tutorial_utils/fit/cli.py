@@ -359,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     if report.headroom:
         for term in HEADROOM:
             print(f"  ({term.name}: {term.source})")
+            if term.band is not None:
+                low, high = (f * report.peak_bytes for f in term.band)
+                print(
+                    f"  (published pairs put the {term.name} at {low / 2**30:.1f}-"
+                    f"{high / 2**30:.1f} GiB for this peak)"
+                )
     low, high = report.compile_band
     print(
         f"  ({report.notes[0]}; published compile/Float8 runs: {low / 2**30:.1f}-"
