@@ -8,8 +8,21 @@ precision) are listed with the reason, so the table shows what is not checked as
 what is. No constant was fitted to these
 rows: the calculator's terms come from code and the CPU tests; the rows judge them.
 
-Today: 21 rows expressible, 16 within +-10 % (76 %) and 18 within +-20 % (86 %); 46 more
-are listed with the reason they cannot be expressed. The QLoRA rows were 22-39 % under until
+Today: 54 rows expressible, 31 within +-10 % (57 %) and 45 within +-20 % (83 %); 58 more
+are listed with the reason they cannot be expressed. 33 of the 54 are held out (``HELD_OUT``,
+below, 45 rows in all): collected on 2026-12-07 after the calculator's last change, from
+sources the first 21 did not use (Answer.AI's fsdp_qlora benchmarks, torchtune's Llama 3
+tutorial and its README's compiled Llama 3.1 table, PEFT's docs) or used little (litgpt's
+config hub), each row's knobs chosen from its recipe before the calculator was asked.
+They are the fair judge: 15 of 33 within 10 % (45 %), 27 within 20 % (82 %). The 21 rows the
+calculator was changed against: 16 within 10 % (76 %), 18 within 20 % (86 %). The held-out
+misses, each naming its term: litgpt's single-GPU QLoRA (-12 to -21 %: not identified; its
+block and NF4 without double quantization explain about a third at 7B), Answer.AI's
+reserved peaks on FSDP1 (-12 to -29 %: the same page shows this recipe reserving 12-24 %
+above what it allocates, where the calculator adds 5 %), and two litgpt full fine-tunes
+published below their own yaml's model states (+114 % and +143 %: not the yaml's run).
+
+Of the 21 earlier rows: the QLoRA rows were 22-39 % under until
 their libraries' mechanisms were modelled (``fit.activations._Nf4Linear``,
 ``fit.states.nf4_load_bytes``, ``tests/test_fit_qlora.py``). Five FSDP1 rows (litgpt's LoRA on
 2 and 4 A100s, and its Gemma 2B full fine-tune) were 33-73 % under until FSDP1's ``no_sync``
@@ -56,6 +69,10 @@ What each source reports decides what is compared:
 - litgpt's resource tables print ``torch.cuda.max_memory_allocated() / 1e9`` as "GB", and so
   does the "Peak memory" of its config hub (``finetune/full.py`` prints it): ``peak_bytes`` in
   10**9 bytes.
+- Answer.AI's fsdp_qlora prints max_memory_allocated and max_memory_reserved / 2**30 as GiB
+  (``train.py`` from 50efa1e); its tables show the reserved one.
+- PEFT's docs give the GPU's memory read during training (the driver's view: the CUDA
+  context and NCCL's buffers included, ``compares="nvidia-smi"``), not a peak: listed only.
 - torchtune's README table of 2024-04-16 says "Peak Memory per GPU"; its QLoRA figure is the
   QLoRA tutorial's reserved one (9.29 GB), so the table is read as reserved, in GB.
 """
@@ -212,7 +229,8 @@ class Measured:
     measured: float
     source: str
     configuration: str
-    compares: str  # "reserved" (peak + allocator reserve) or "active"/"allocated" (peak)
+    compares: str  # "reserved" (peak + allocator reserve), "active"/"allocated" (peak), or
+    # "nvidia-smi" (the driver's view, CUDA context included: listed, never modelled)
     knobs: dict | None  # will_it_fit's arguments; None when it cannot be modelled
     not_modelled: str = ""  # why not, when knobs is None
     unit: int = GiB
@@ -279,6 +297,543 @@ _FRAGMENTATION = (
     "load keeps an fp16 GPU copy beside to_nf4's bf16 cast (0.09 GB)"
 )
 _COMPILE = "torch.compile changes what is saved: eager mode only (a labelled band)"
+
+# Held-out rows (added 2026-12-07, issue 39): published peaks from sources the rows above do not
+# use or use little, collected after the calculator was last changed; their knobs were chosen
+# from each recipe before the calculator was asked. They are not to be fitted: a row that misses
+# names the term it thinks is lacking, as the rows above do.
+
+LITGPT_HUB_HELD = (
+    "Lightning-AI/litgpt config_hub/finetune/README.md, the row of {yaml} (written in "
+    "{commit}, {date}; read at 2685705); 'Peak memory' is what litgpt/finetune/{script}.py "
+    "at {commit} prints, max_memory_allocated() / 1e9 (never reset: the load counts); "
+    "1x A10G (24 GB) on Lightning Studios"
+)
+LITGPT_HUB_RUN = (
+    "config_hub/finetune/{yaml} at {commit}: bf16-true (weights, trainable weights' "
+    "gradients and AdamW state bf16), {what}, 1 device (strategy 'auto': no FSDP, no "
+    "activation checkpointing), micro-batch {micro}, global batch {total}, Alpaca2k truncated "
+    "to max_seq_length 512 (the longest batch assumed to reach it, as the gemma-2b row above);"
+    " logits made in chunks of 128 tokens (lm_head_chunk_size=128) and a bf16 cross-entropy "
+    "per chunk (chunked_cross_entropy): no knob says so, the rows above read it the same way"
+)
+_HUB_LORA = (
+    "torch.optim.AdamW over LoRA rank {rank} (alpha 16, dropout {dropout}) on {targets}{quant}"
+)
+_BNB_NO_DQ = (
+    "; --quantize bnb.nf4: every nn.Linear bitsandbytes' NF4 Linear4bit WITHOUT double "
+    "quantization (an fp32 absmax per 64 weights, 0.375 bit a weight more than the dq the "
+    "knob models, 0.3 GB at 7B), AdamW swapped for bitsandbytes' PagedAdamW (32-bit state in "
+    "CUDA unified memory, outside the allocator)"
+)
+
+#: TinyLlama 1.1B as litgpt 4a9b7e62 builds it (litgpt/config.py, tiny-llama-1.1b): 22 layers,
+#: hidden 2048, 32 heads, 4 query groups, LLaMAMLP 5632, vocab 32000, RMSNorm, lm_head apart.
+TINYLLAMA = DecoderConfig(
+    vocab=32000,
+    d_model=2048,
+    n_layers=22,
+    n_heads=32,
+    n_kv_heads=4,
+    d_ff=5632,
+    norm="rms",
+    mlp="swiglu",
+    bias=False,
+    tied=False,
+    max_positions=0,
+)
+#: Llama 3.2 1B and 3B as litgpt 00af8b0d builds them: no weight tying in litgpt's Config;
+#: convert_hf_checkpoint copies the embedding into lm_head when the checkpoint has none.
+LLAMA_1B_UNTIED = dataclasses.replace(fit.shapes.config("llama-1b")[1], tied=False)
+LLAMA_3B_UNTIED = dataclasses.replace(LLAMA_3B, tied=False)
+#: Yi 34B from 01-ai/Yi-34B's config.json (LlamaForCausalLM): hidden 7168, 60 layers, 56
+#: heads, 8 kv heads, MLP 20480, vocab 64000, untied.
+YI_34B = DecoderConfig(
+    vocab=64000,
+    d_model=7168,
+    n_layers=60,
+    n_heads=56,
+    n_kv_heads=8,
+    d_ff=20480,
+    norm="rms",
+    mlp="swiglu",
+    bias=False,
+    tied=False,
+    max_positions=0,
+)
+
+
+def _hub(yaml, commit, date, measured, preset, micro, total, script="lora", missing="", **lora):
+    """A litgpt config-hub row on one A10G."""
+    knobs = dict(
+        preset=preset,
+        batch=micro,
+        seq=512,
+        precision="pure-bf16",
+        optimizer="adamw",
+        grad_accumulation=total // micro,
+    )
+    what = "torch.optim.AdamW over every weight (foreach, torch's default)"
+    if lora:
+        head = lora.pop("head", False)
+        quant = _BNB_NO_DQ if lora.get("lora_base") == "bnb-nf4" else ""
+        targets = "q and v" if lora["lora_targets"] == "qv" else "q, k, v, proj and the MLP"
+        if head:
+            targets += " and lm_head (LoRA on the head not modelled: rank x (hidden + vocab) "
+            targets += "more weights and a (batch, seq, vocab) bf16 output)"
+        what = _HUB_LORA.format(
+            rank=lora["lora_rank"], dropout=lora["lora_dropout"], targets=targets, quant=quant
+        )
+        knobs |= lora
+    return Measured(
+        f"litgpt config hub {yaml}, 1x A10G",
+        measured,
+        LITGPT_HUB_HELD.format(yaml=yaml, commit=commit, date=date, script=script),
+        LITGPT_HUB_RUN.format(yaml=yaml, commit=commit, what=what, micro=micro, total=total),
+        "allocated",
+        knobs,
+        unit=GB,
+        missing=missing,
+    )
+
+
+def _qv(rank=32, base="bf16"):
+    return dict(lora_rank=rank, lora_targets="qv", lora_base=base, lora_dropout=0.05)
+
+
+def _all(rank, dropout, base="bf16"):
+    return dict(lora_rank=rank, lora_targets="all", lora_base=base, lora_dropout=dropout, head=True)
+
+
+_HUB_QLORA = (
+    "not identified; two candidates from the recipe cover part of it, neither measured here "
+    "nor a knob: litgpt's block, which saves more than the course's under QLoRA (the 'litgpt "
+    "QLoRA (bnb.nf4-dq), Llama 2 7B' row above: 0.86 GB for one 1304-token sample at 7B, "
+    "about 0.7 GB for these 2 x 512 tokens if it scales with tokens), and bnb.nf4 without "
+    "double quantization (0.3 GB at 7B); at 7B they leave about 1.9 of the 2.9 GB unexplained"
+)
+_NOT_ITS_RECIPE = (
+    "not identified: the published peak is below the yaml's own model states (bf16 weights, "
+    "gradients and two AdamW moments, 8 B a weight: "
+    "test_the_rows_that_cannot_be_their_recipe_hold_less_than_its_states), so the run that "
+    "printed it cannot have been this yaml's full fine-tune on one device"
+)
+_ANSWERAI_RESERVE = (
+    "a reserve beyond the flat 5 %: the same page measured this recipe's reserved peak 24 % "
+    "and 12 % above its allocated one (10.24 against 8.28 GiB at context 512, 10.22 against "
+    "9.16 at 2048, the rows just above), which would lift a reserved row by 6 to 18 points"
+)
+
+ANSWERAI = (
+    "AnswerDotAI/fsdp_qlora benchmarks_03_2024.md (added 4cd6923, 2024-05-03; read at "
+    "05ed9f2): runs of February and March 2024 on {hw}; train.py from 50efa1e (2024-03-26) "
+    "prints max_memory_allocated() and max_memory_reserved() / 2**30 as GiB, over the first "
+    "epoch after reset_peak_memory_stats (so after the model is loaded and wrapped); the "
+    "tables' 'Peak Memory (GiB)' is the reserved one (the page: 'the reported peak reserved "
+    "memory for both 512 and 2048 ... the peak allocated memory is 8.28 GiB vs 9.16 GiB')"
+)
+ANSWERAI_RUN = (
+    "train.py at 50efa1e with {args}: transformers' LlamaForCausalLM (sdpa attention, logits "
+    "upcast to fp32 for the loss), --precision bf16 (weights, LoRA and AdamW state bf16, no "
+    "MixedPrecision), torch.optim.AdamW over the trainable weights, LoRA rank 64 alpha 16 "
+    "dropout 0.1 on q, k, v, gate, up and down ('all' in train.py: not o_proj, rank x 8192 "
+    "weights a layer fewer than the knob's), {sharding}, each LoRA linear and each "
+    "LlamaDecoderLayer its own unit (no unit mixes frozen and trainable weights), "
+    "use_orig_params=False, limit_all_gathers, reentrant activation checkpointing per decoder "
+    "layer, the dummy dataset (every sample truncated to the context length), no gradient "
+    "accumulation, 2 GPUs{quant}"
+)
+_ANSWERAI_QLORA = (
+    "; --train_type qlora: every linear of the decoder layers bitsandbytes' Linear4bit (NF4, "
+    "double quantization by default, quant_storage bf16 so that FSDP shards the packed "
+    "weights), built on the meta device and quantized layer by layer as it loads "
+    "(--low_memory); the head and embedding bf16"
+)
+
+
+def _answerai(what, gib, compares, train, seq, batch, hw="2x RTX 3090 (24 GB)", **extra):
+    missing = extra.pop("missing", "")
+    ddp = extra.pop("ddp", False)
+    knobs = dict(
+        preset=extra.pop("preset", "llama-2-7b"),
+        batch=batch,
+        seq=seq,
+        precision="pure-bf16",
+        optimizer="adamw",
+        checkpointing="full",
+        sharding="none" if ddp else "fsdp1",
+        n_gpus=2,
+        lora_rank=64,
+        lora_targets="all",
+        lora_base="bnb-nf4" if train == "qlora" else "bf16",
+        lora_dropout=0.1,
+        **extra,
+    )
+    offload = extra.get("cpu_offload", False)
+    args = f"--train_type {train} --batch_size {batch} --context_length {seq}"
+    args += f" --use_cpu_offload {offload}" + (" --sharding_strategy ddp" if ddp else "")
+    sharding = (
+        "FSDP1 NO_SHARD (the page's 'DDP': FSDP keeping whole copies, read as DDP)"
+        if ddp
+        else "FSDP1 FULL_SHARD" + (" with CPUOffload(offload_params=True)" if offload else "")
+    )
+    return Measured(
+        what,
+        gib,
+        ANSWERAI.format(hw=hw),
+        ANSWERAI_RUN.format(
+            args=args, sharding=sharding, quant=_ANSWERAI_QLORA if train == "qlora" else ""
+        ),
+        compares,
+        knobs,
+        unit=GiB,
+        missing=missing,
+    )
+
+
+TORCHTUNE_LLAMA3 = (
+    "pytorch/torchtune docs/source/tutorials/llama3.rst, 'In our experiments, we observed a "
+    "peak memory usage of 18.5 GB' (written in 20747cd87, 2024-04-18; read at bd2a0fc); which "
+    "of the peaks torchtune/utils/memory.py logged then (active, allocated, reserved, each "
+    "/ 1e9) is not said: read as reserved, as the README table of the same week"
+)
+TORCHTUNE_SPEED = (
+    "pytorch/torchtune README.md, 'Memory and training speed' (table of 30b8519e8, "
+    "2024-09-24; read at bd2a0fc): 'Peak Memory per GPU', batch 2, no gradient accumulation, "
+    "dataset packed to 2048, torch compile enabled; which peak is not said (read as reserved)"
+)
+
+PEFT_DOCS = (
+    "huggingface/peft docs/source/accelerate/{page}.md, 'Memory usage' (written in {commit}; "
+    "read at 5d602fdbf): 'the memory consumed per GPU', read off the GPU's own memory "
+    "readout during training (the DeepSpeed page shows it as a screenshot): not a peak"
+)
+_PEFT_RUN = (
+    "examples/sft/train.py with TRL's SFTTrainer: Llama-2-70b-hf, ultrachat-10k packed to "
+    "2048, --bf16 True, flash attention 2, gradient checkpointing, LoRA r=8 alpha 16 dropout "
+    "0.1 on all linears, per-device batch {batch}, gradient accumulation {accumulation}, "
+    "{how}"
+)
+_PEFT_NOT = (
+    "a reading of the GPU's memory at some moment of training (the driver's view, with the "
+    "CUDA context and NCCL's buffers), not a peak the calculator can be held to; and the "
+    "Trainer's bf16 autocast over bf16-stored weights with PEFT's adapters is not a recipe "
+    "the calculator models"
+)
+
+HELD_OUT = (
+    _hub("llama-2-7b/lora.yaml", "41dece20", "2024-03-15", 19.77, "llama-2-7b", 2, 8, **_qv()),
+    _hub(
+        "llama-2-7b/qlora.yaml",
+        "4a9b7e62",
+        "2024-03-14",
+        13.68,
+        "llama-2-7b",
+        2,
+        8,
+        missing=_HUB_QLORA,
+        **_qv(base="bnb-nf4"),
+    ),
+    _hub("llama-3-8b/lora.yaml", "58c5b188", "2024-04-19", 19.73, "llama-8b", 1, 8, **_qv()),
+    _hub(
+        "llama-3-8b/qlora.yaml",
+        "58c5b188",
+        "2024-04-19",
+        17.41,
+        "llama-8b",
+        2,
+        8,
+        missing=_HUB_QLORA,
+        **_qv(base="bnb-nf4"),
+    ),
+    _hub("mistral-7b/lora.yaml", "43c44323", "2024-04-24", 20.66, "mistral-7b", 2, 8, **_qv()),
+    _hub(
+        "mistral-7b/qlora.yaml",
+        "0d207708",
+        "2024-03-17",
+        14.29,
+        "mistral-7b",
+        2,
+        8,
+        missing=_HUB_QLORA,
+        **_qv(base="bnb-nf4"),
+    ),
+    _hub("tiny-llama/full.yaml", "4a9b7e62", "2024-03-14", 14.10, TINYLLAMA, 4, 32, "full"),
+    _hub(
+        "tiny-llama/lora.yaml", "41397ed6", "2024-03-14", 13.50, TINYLLAMA, 8, 8, **_all(32, 0.05)
+    ),
+    _hub(
+        "tiny-llama/qlora.yaml",
+        "41397ed6",
+        "2024-03-14",
+        16.24,
+        TINYLLAMA,
+        8,
+        8,
+        missing=_HUB_QLORA,
+        **_all(32, 0.05, "bnb-nf4"),
+    ),
+    _hub(
+        "llama-3.2-1B/full.yaml",
+        "00af8b0d",
+        "2024-09-27",
+        8.70,
+        LLAMA_1B_UNTIED,
+        4,
+        64,
+        "full",
+        _NOT_ITS_RECIPE,
+    ),
+    _hub("llama-3.2-1B/lora.yaml", "00af8b0d", "2024-09-27", 4.49, LLAMA_1B_UNTIED, 1, 8, **_qv()),
+    _hub(
+        "llama-3.2-1B/qlora.yaml",
+        "00af8b0d",
+        "2024-09-27",
+        5.53,
+        LLAMA_1B_UNTIED,
+        2,
+        8,
+        missing=_HUB_QLORA,
+        **_qv(base="bnb-nf4"),
+    ),
+    _hub(
+        "llama-3.2-3B/full.yaml",
+        "00af8b0d",
+        "2024-09-27",
+        16.51,
+        LLAMA_3B_UNTIED,
+        4,
+        64,
+        "full",
+        _NOT_ITS_RECIPE,
+    ),
+    _hub("llama-3.2-3B/lora.yaml", "00af8b0d", "2024-09-27", 9.67, LLAMA_3B_UNTIED, 1, 8, **_qv()),
+    _hub(
+        "llama-3.2-3B/qlora.yaml",
+        "00af8b0d",
+        "2024-09-27",
+        10.30,
+        LLAMA_3B_UNTIED,
+        2,
+        8,
+        missing=_HUB_QLORA,
+        **_qv(base="bnb-nf4"),
+    ),
+    _hub(
+        "gemma-2b/lora.yaml",
+        "bc3c337f",
+        "2024-03-15",
+        12.62,
+        GEMMA_2B_UNTIED,
+        2,
+        6,
+        **_all(16, 0.1),
+    ),
+    _hub(
+        "gemma-2b/qlora.yaml",
+        "43c44323",
+        "2024-04-24",
+        11.58,
+        GEMMA_2B_UNTIED,
+        2,
+        6,
+        **_all(16, 0.1, "bnb-nf4"),
+    ),
+    _answerai("Answer.AI FSDP LoRA, Llama 2 7B, context 512", 8.28, "allocated", "lora", 512, 1),
+    _answerai("Answer.AI FSDP LoRA, Llama 2 7B, context 2048", 9.16, "allocated", "lora", 2048, 1),
+    _answerai(
+        "Answer.AI FSDP QLoRA, Llama 2 7B, context 512",
+        4.98,
+        "reserved",
+        "qlora",
+        512,
+        1,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    _answerai("Answer.AI FSDP QLoRA, Llama 2 7B, context 2048", 5.21, "reserved", "qlora", 2048, 1),
+    *(
+        _answerai(
+            f"Answer.AI FSDP {train}, Llama 2 7B, context 2048, batch {batch}",
+            gib,
+            "reserved",
+            train.lower(),
+            2048,
+            batch,
+            missing=_ANSWERAI_RESERVE,
+        )
+        for train, batch, gib in (("QLoRA", 4, 11.22), ("QLoRA", 10, 20.97), ("LoRA", 4, 16.14))
+    ),
+    _answerai(
+        "Answer.AI FSDP LoRA, Llama 2 7B, context 2048, batch 6",
+        21.35,
+        "reserved",
+        "lora",
+        2048,
+        6,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    _answerai(
+        "Answer.AI FSDP1 NO_SHARD QLoRA, Llama 2 7B, context 2048, batch 8",
+        20.94,
+        "reserved",
+        "qlora",
+        2048,
+        8,
+        ddp=True,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    _answerai(
+        "Answer.AI FSDP1 NO_SHARD LoRA, Llama 2 7B, context 2048, batch 4",
+        22.04,
+        "reserved",
+        "lora",
+        2048,
+        4,
+        ddp=True,
+    ),
+    _answerai(
+        "Answer.AI FSDP QLoRA, Yi 34B, context 2048, batch 2",
+        23.05,
+        "reserved",
+        "qlora",
+        2048,
+        2,
+        preset=YI_34B,
+    ),
+    _answerai(
+        "Answer.AI FSDP QLoRA + CPU offload, Yi 34B, context 2048, batch 4",
+        22.98,
+        "reserved",
+        "qlora",
+        2048,
+        4,
+        preset=YI_34B,
+        cpu_offload=True,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    _answerai(
+        "Answer.AI FSDP QLoRA + CPU offload, Llama 2 70B, context 2048, batch 2",
+        14.92,
+        "reserved",
+        "qlora",
+        2048,
+        2,
+        preset="llama-2-70b",
+        cpu_offload=True,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    _answerai(
+        "Answer.AI FSDP LoRA + CPU offload, Llama 2 7B, context 2048, batch 10, 2x RTX 4090",
+        22.69,
+        "reserved",
+        "lora",
+        2048,
+        10,
+        hw="2x RTX 4090 (24 GB)",
+        cpu_offload=True,
+        missing=_ANSWERAI_RESERVE + "; the rest (about 11 points) not identified",
+    ),
+    _answerai(
+        "Answer.AI FSDP QLoRA + CPU offload, Llama 2 7B, context 2048, batch 12, 2x RTX 4090",
+        22.38,
+        "reserved",
+        "qlora",
+        2048,
+        12,
+        hw="2x RTX 4090 (24 GB)",
+        cpu_offload=True,
+        missing=_ANSWERAI_RESERVE,
+    ),
+    Measured(
+        "torchtune Llama 3 8B LoRA, single device",
+        18.5,
+        TORCHTUNE_LLAMA3,
+        "Llama 3 8B (the llama-8b shape; Llama 3.1 changes only RoPE's scaling), "
+        "lora_finetune_single_device with llama3/8B_lora_single_device at 20747cd87: "
+        "lora_llama3_8b (rank 8, alpha 16, dropout 0.05) on q and v, batch 2, gradient "
+        "accumulation 64, bf16 (weights, adapters and AdamW state), activation checkpointing "
+        "on, alpaca_cleaned_dataset truncated to max_seq_len=512 (its default at 20747cd87), "
+        "torch.nn.CrossEntropyLoss on the fp32-upcast logits",
+        "reserved",
+        dict(_tune_lora("qv", 8), preset="llama-8b"),
+        unit=GB,
+    ),
+    *(
+        Measured(
+            f"PEFT docs, Llama 2 70B {label}",
+            gb,
+            PEFT_DOCS.format(page=page, commit=commit),
+            _PEFT_RUN.format(batch=batch, accumulation=accumulation, how=how),
+            "nvidia-smi",
+            None,
+            _PEFT_NOT,
+            unit=GB,
+        )
+        for label, gb, page, commit, batch, accumulation, how in (
+            (
+                "QLoRA, FSDP1 + CPU offload, 2 GPUs",
+                19.6,
+                "fsdp",
+                "6008f272a, 2024-03-13",
+                2,
+                2,
+                "4-bit NF4 with double quantization stored as bf16, FSDP1 FULL_SHARD with "
+                "CPU offload of parameters, use_orig_params False, 2 GPUs (24 GB)",
+            ),
+            (
+                "QLoRA, FSDP1, 2 GPUs",
+                35.6,
+                "fsdp",
+                "6008f272a, 2024-03-13",
+                2,
+                2,
+                "as the row before without CPU offload",
+            ),
+            (
+                "LoRA, DeepSpeed ZeRO-3, 8x H100",
+                64.0,
+                "deepspeed",
+                "aa2ca83ca, 2024-02-26",
+                8,
+                4,
+                "bf16 weights, DeepSpeed ZeRO-3 with bf16 mixed precision, 8x H100 80GB",
+            ),
+            (
+                "QLoRA, DeepSpeed ZeRO-3, 2x A100 40GB",
+                36.6,
+                "deepspeed",
+                "6008f272a, 2024-03-13",
+                2,
+                2,
+                "4-bit NF4 with double quantization stored as bf16, DeepSpeed ZeRO-3 "
+                "(zero3_init_flag), 2x 40 GB GPUs",
+            ),
+        )
+    ),
+    *(
+        Measured(
+            f"torchtune README {model} {method}, {hw}",
+            peak,
+            TORCHTUNE_SPEED,
+            f"{model}, {method}, {hw}, packed to 2048, batch 2, torch.compile" + extra,
+            "reserved",
+            None,
+            _COMPILE,
+            unit=unit,
+        )
+        for model, method, hw, peak, unit, extra in (
+            ("Llama 3.1 8B", "full fine-tune", "1x RTX 4090", 18.9, GiB, ""),
+            ("Llama 3.1 8B", "full fine-tune", "1x A6000", 37.4, GiB, ""),
+            ("Llama 3.1 8B", "LoRA", "1x RTX 4090", 16.2, GiB, ""),
+            ("Llama 3.1 8B", "LoRA", "1x A6000", 30.3, GiB, ""),
+            ("Llama 3.1 8B", "QLoRA", "1x RTX 4090", 7.4, GiB, ""),
+            ("Llama 3.1 70B", "full fine-tune", "8x A100", 13.9, GiB, "; CPU offload, fused"),
+            ("Llama 3.1 70B", "LoRA", "8x A100", 27.6, GiB, ""),
+            ("Llama 3.1 405B", "QLoRA", "8x A100", 44.8, GB, "; the table says GB here"),
+        )
+    ),
+)
+
 
 MEASURED = (
     Measured("torchtitan FSDP, 8 GPUs", 82.4, TORCHTITAN, TORCHTITAN_RUN, "reserved", _titan(8)),
@@ -687,9 +1242,11 @@ MEASURED = (
             (3, True, False, False, False, 8, 128, 63.9),
         )
     ),
+    *HELD_OUT,
 )
 
 MODELLED = [row for row in MEASURED if row.knobs is not None]
+HELD_OUT_MODELLED = [row for row in HELD_OUT if row.knobs is not None]
 
 
 def predicted(row: Measured) -> float:
@@ -713,10 +1270,20 @@ def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_it
 
 
 def test_the_misses_are_the_rows_that_say_so():
-    """The fraction the module's docstring states: 16 of 21 within 10 %, 18 within 20 %."""
+    """The fractions the module's docstring states: 31 of 54 within 10 %, 45 within 20 %; of
+    them the held-out rows 15 of 33 and 27, the rows the calculator was changed against 16 of
+    21 and 18."""
+
+    def counts(rows):
+        within = [row for row in rows if abs(difference(row)) <= TOLERANCE]
+        within20 = [row for row in rows if abs(difference(row)) <= 2 * TOLERANCE]
+        return len(within), len(within20), len(rows)
+
+    earlier = [row for row in MODELLED if row not in HELD_OUT_MODELLED]
+    assert counts(MODELLED) == (31, 45, 54)
+    assert counts(HELD_OUT_MODELLED) == (15, 27, 33)
+    assert counts(earlier) == (16, 18, 21)
     within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
-    within20 = [row for row in MODELLED if abs(difference(row)) <= 2 * TOLERANCE]
-    assert (len(within), len(within20), len(MODELLED)) == (16, 18, 21)
     assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
 
 
@@ -725,13 +1292,26 @@ def test_the_counted_pairs_median_would_overshoot_the_reserved_rows(monkeypatch)
     that count (``fit.reserve_pairs``) instead of the assumed 5 %."""
     from tutorial_utils.fit import headroom, peak, reserve_pairs
 
-    agree = [r for r in MODELLED if r.compares == "reserved" and abs(difference(r)) <= TOLERANCE]
+    earlier = [row for row in MODELLED if row not in HELD_OUT_MODELLED]
+    agree = [r for r in earlier if r.compares == "reserved" and abs(difference(r)) <= TOLERANCE]
     median = reserve_pairs.summary()[0]
     context, reserve = headroom.HEADROOM
     monkeypatch.setattr(peak, "HEADROOM", (context, dataclasses.replace(reserve, fraction=median)))
     assert f"{median:+.1%}" == "+55.6%" and len(agree) == 6
     assert all(0.41 <= difference(r) <= 0.46 for r in agree), [difference(r) for r in agree]
-    assert sum(abs(difference(r)) <= TOLERANCE for r in MODELLED) == 11
+    assert sum(abs(difference(r)) <= TOLERANCE for r in earlier) == 11
+
+
+def test_the_rows_that_cannot_be_their_recipe_hold_less_than_its_states():
+    """Two litgpt config-hub full fine-tunes publish a peak below what their yaml's model
+    states alone take (bf16 weights, gradients and two AdamW moments: 8 B a weight, counted
+    from the shape, not by the calculator): no run of that recipe printed them."""
+    rows = [row for row in HELD_OUT_MODELLED if row.missing == _NOT_ITS_RECIPE]
+    assert len(rows) == 2
+    for row in rows:
+        weights = fit.shapes.counts(fit.shapes.config(row.knobs["preset"])[1]).total
+        assert row.knobs["precision"] == "pure-bf16" and row.knobs["optimizer"] == "adamw"
+        assert row.measured * row.unit < 8 * weights, row.what
 
 
 def test_every_row_says_where_it_comes_from_and_what_it_ran():
@@ -742,7 +1322,9 @@ def test_every_row_says_where_it_comes_from_and_what_it_ran():
     assert len(projects) >= 3, projects
     for row in MEASURED:
         assert row.source and row.configuration
-        assert row.compares in ("reserved", "active", "allocated")
+        assert row.compares in ("reserved", "active", "allocated") or (
+            row.compares == "nvidia-smi" and row.knobs is None
+        )
         assert (row.knobs is None) == bool(row.not_modelled)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from test_fit_published import MODELLED, TOLERANCE, difference
+from test_fit_published import _NOT_ITS_RECIPE, MODELLED, TOLERANCE, difference
 
 from tutorial_utils.decoder import DecoderConfig
 from tutorial_utils.fit import inputs, scope
@@ -54,8 +54,11 @@ def test_the_compile_band_row_follows_the_band(monkeypatch):
 def test_the_misses_are_qlora_and_fsdp1_runs_the_answer_puts_too_low():
     """The table's row "some QLoRA and FSDP1 runs": the rows tests/test_fit_published.py says
     miss are QLoRA's (an NF4 base), FSDP1's, or one whose missing term is the allocator's
-    reserve (the table's own row), each more than 10 % under its published peak."""
-    missed = [row for row in MODELLED if row.missing]
+    reserve (the table's own row), each more than 10 % under its published peak. Two held-out
+    rows are left out: their published peak is below their recipe's model states
+    (test_the_rows_that_cannot_be_their_recipe_hold_less_than_its_states), so what they show is
+    a published figure that is not its recipe's, not a term the calculator lacks."""
+    missed = [row for row in MODELLED if row.missing and row.missing != _NOT_ITS_RECIPE]
 
     def named(row) -> bool:
         return (
