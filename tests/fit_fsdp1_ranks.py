@@ -25,6 +25,14 @@ micro-batch leaves it (bytes, elements, dtype), and, at each gradient of the syn
 micro-batch, the same storages as above plus the gradient autograd just made (before it is
 added to the kept one) and the other units' gradients, kept unsharded or reduce-scattered.
 
+A last run is torchtune's LoRA wrapping (``lora_fsdp_wrap_policy`` at fef3ed10d): every
+weight frozen but a low-rank adapter (A, B) beside each block's Linear, each adapter Linear its
+own unit, the blocks units around them, the root frozen. A frozen flat parameter has no
+gradient to hook, so FSDP reshards it from a hook on its unit's input activations, once their
+gradient is made (``_register_post_backward_reshard_only_hook``, torch 2.1 on). At each adapter
+gradient it counts which units' flat parameters are gathered: the root, the blocks, the
+adapters.
+
 Counting storages FSDP names, at points its code fixes, not a peak: a peak also holds the
 activations, and on the CPU the moment gloo frees a buffer moves with thread timing.
 """
@@ -45,7 +53,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "notebooks" / "scripts"))
 from common import report, teardown  # noqa: E402
 
-WIDTH, BLOCKS, HEAD, STEPS = 256, 3, 511, 2
+WIDTH, BLOCKS, HEAD, STEPS, LORA_RANK = 256, 3, 511, 2, 8
 STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "FULL_SHARD bf16")
 NO_SYNC = ("FULL_SHARD no_sync", "FULL_SHARD bf16 no_sync")  # k = 2, the first under no_sync
 
@@ -181,12 +189,84 @@ def run(strategy: str, device: torch.device, x: torch.Tensor, world: int) -> dic
     }
 
 
+class LoraBlock(nn.Module):
+    """A frozen Linear with a trainable low-rank adapter beside it, as torchtune's LoRALinear:
+    tanh(W x + B(A(x)))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(WIDTH, WIDTH)
+        self.lora_a = nn.Linear(WIDTH, LORA_RANK, bias=False)
+        self.lora_b = nn.Linear(LORA_RANK, WIDTH, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.base(x) + self.lora_b(self.lora_a(x)))
+
+
+def lora_wrap_policy(module: nn.Module, recurse: bool, **_) -> bool:
+    """torchtune's ``lora_fsdp_wrap_policy(modules_to_wrap={TransformerDecoderLayer})``
+    (torchtune/utils/_distributed.py at fef3ed10d), with ``LoraBlock`` as the layer: a unit
+    for each module whose weight is trainable (the adapters), and one for each block."""
+    if recurse:
+        return True
+    if hasattr(module, "weight") and module.weight.requires_grad:
+        return True
+    return isinstance(module, LoraBlock)
+
+
+def run_lora(device: torch.device, x: torch.Tensor) -> dict:
+    torch.manual_seed(0)
+    blocks = [LoraBlock() for _ in range(BLOCKS)]
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), Gain(), *blocks, nn.Linear(WIDTH, HEAD, False))
+    for name, p in model.named_parameters():
+        p.requires_grad = "lora_" in name  # before wrapping: a flat parameter is all one or other
+    model = FSDP(
+        model,
+        auto_wrap_policy=lora_wrap_policy,
+        device_id=device,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+    )
+    units = [m for m in FSDP.fsdp_modules(model) if m._handle is not None]
+    flats = [m._handle.flat_param for m in units]
+    kinds = [
+        "root" if m is model else "block" if isinstance(m.module, LoraBlock) else "adapter"
+        for m in units
+    ]
+
+    def gathered() -> dict:
+        each = [storage_bytes(getattr(f, "_full_param_padded", None)) for f in flats]
+        return {
+            "root": sum(b for b, k in zip(each, kinds, strict=True) if k == "root"),
+            "blocks": [b for b, k in zip(each, kinds, strict=True) if k == "block"],
+            "adapters": sum(b for b, k in zip(each, kinds, strict=True) if k == "adapter"),
+        }
+
+    at_gradient: list[dict] = []
+    for flat in flats:
+        if flat.requires_grad:  # the adapters': runs before FSDP's own hook reshards the unit
+            flat.register_post_accumulate_grad_hook(lambda f: at_gradient.append(gathered()))
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        at_gradient.clear()
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+    return {
+        "kinds": kinds,
+        "unit_numel": [f._unpadded_unsharded_size.numel() for f in flats],
+        "at_adapter_gradient": at_gradient,
+        "after_backward": gathered(),
+    }
+
+
 def main() -> None:
     # gloo on the CPU even where GPUs are: the counts are the storages', the same on a GPU
     dist.init_process_group("gloo")
     rank, world, device = dist.get_rank(), dist.get_world_size(), torch.device("cpu")
     x = torch.randn(8, WIDTH, generator=torch.Generator().manual_seed(rank))
     results = {name: run(name, device, x, world) for name in STRATEGIES + NO_SYNC}
+    results["FULL_SHARD LoRA"] = run_lora(device, x)
     report({"rank": rank, "world": world, "results": results})
     teardown()
 

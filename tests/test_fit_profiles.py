@@ -192,6 +192,32 @@ def test_fsdp1_under_no_sync_keeps_what_the_profile_says(fsdp1_ranks, strategy, 
     assert frozen.unsharded_grads == weight_bytes * 3 * LAYER
 
 
+@pytest.mark.heavy
+def test_fsdp1_reshards_frozen_blocks_in_backward(fsdp1_ranks):
+    """torchtune's LoRA wrapping (each adapter Linear a unit, each block a unit around them,
+    every weight but the adapters frozen): a frozen flat parameter has no gradient hook, and
+    FSDP1 reshards it once its unit's input gradient is made. At each adapter's gradient the
+    root is gathered (kept from forward on) and at most two blocks (this one and the next,
+    prefetched): the profile's root plus two blocks, never the whole base. Block 0's input (the
+    frozen stem's output) needs no gradient, so block 0 waits for the end of backward; the
+    later blocks are resharded before it runs."""
+    calc = _fsdp1("fsdp1", trainable_fraction=3 * 2 * 2048 / FSDP1_PSI, frozen_root=True)
+    block_w = calc.unit_weights - calc.kept_gathered
+    assert block_w == 4 * LAYER and calc.kept_gathered == 4 * (ROOT + 1)  # padded to 2 ranks
+    for rank in (0, 1):
+        run = fsdp1_ranks[rank]["FULL_SHARD LoRA"]
+        assert run["kinds"] == ["root"] + ["block", "adapter", "adapter"] * 3
+        assert run["unit_numel"] == [ROOT] + [LAYER, 256 * 8, 8 * 256] * 3
+        moments = run["at_adapter_gradient"]
+        assert len(moments) == 6, "one gradient per adapter unit: A and B in three blocks"
+        assert {m["root"] for m in moments} == {calc.kept_gathered}
+        base = [m["root"] + sum(m["blocks"]) for m in moments]
+        assert max(base) == calc.kept_gathered + 2 * block_w, (rank, moments)
+        assert all(sum(b > 0 for b in m["blocks"]) <= 2 for m in moments), moments
+        assert moments[-1]["blocks"] == [block_w, 0, 0], "blocks 1 and 2 resharded by then"
+        assert run["after_backward"] == {"root": 0, "blocks": [0, 0, 0], "adapters": 0}
+
+
 # TP + SP: notebook 10's block (LayerNorm, q/k/v/o, a 4h GELU MLP, biases, SDPA), fp32, on 2 ranks
 TP_SCRIPT = SCRIPT.parent / "tensor_parallel.py"
 

@@ -26,14 +26,17 @@ and what the profile adds at its compute moments, for
   next block before this one's gradient is made: root, two blocks, one block's unsharded
   flat gradient and the head's gradient (made first, it waits in autograd for the root's
   flat parameter) at once; or, at the end, the root and its unsharded gradient.
+  A unit of frozen weights (a LoRA block's base) has no gradient to hook: FSDP1 reshards it
+  once its input's gradient is made (``_register_post_backward_reshard_only_hook``, torch 2.1
+  on), so under LoRA too the base is never gathered whole.
   ``SHARD_GRAD_OP`` keeps every unit gathered from its forward until its gradient is made.
   Under ``no_sync()`` (gradient accumulation that syncs on the last micro-batch only, as
   Lightning's ``no_backward_sync``) each rank keeps every unit's gradient unsharded, in the
   compute dtype, from the first micro-batch until the syncing one reduce-scatters it, and for
   the whole flat parameter of a unit that holds any trainable weight (a LoRA block: its frozen
   weights too); the syncing micro-batch's first gradient is made beside all of them.
-  ``tests/test_fit_profiles.py`` holds all three to what 2 gloo ranks count
-  (``fit_fsdp1_ranks.py``).
+  ``tests/test_fit_profiles.py`` holds all three, and the frozen base's resharding under
+  torchtune's LoRA wrapping, to what 2 gloo ranks count (``fit_fsdp1_ranks.py``).
 - **TP (with sequence parallelism), PP and CP** as degrees of a device mesh (torchtitan's):
   TP divides every block's and the embedding's and head's weights by its degree, and with
   PyTorch's SP plan every activation but two: the inputs of attention's and the MLP's first
