@@ -1,0 +1,111 @@
+"""The ``cpu_offload`` knob against FSDP2's own ``CPUOffloadPolicy``, counted on fake tensors.
+
+``fit_cpu_offload_fake.py`` (its docstring says how, and which lines of FSDP2 it runs) takes a
+step of the course's decoder as rank 0 of 4 under ``fully_shard``, once with
+``CPUOffloadPolicy`` and once without, and counts with PyTorch's ``FSDPMemTracker`` the bytes
+on the accelerator, and on the CPU, at each moment of the step. The calculator is asked the
+same question (``will_it_fit(..., sharding="fsdp2", cpu_offload=True/False)``).
+
+What the knob changes is held to the byte: at each moment, what offloading takes off the
+device (the control's bytes less the offloaded run's) is what the calculator's term takes off
+(its peak without the knob less its peak with it), and the CPU then holds exactly the states
+the calculator moved there. What stays on the device, the gathered unit and the activations,
+is the same with and without offloading, measured and calculated. The step's other terms
+(how much a gathered unit and the activations hold at each moment) are the FSDP2 profile's,
+held elsewhere (``test_fit_profiles.py``), not here. One child process that imports torch
+(about 5 s of CPU): heavy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tutorial_utils import fit, processes
+from tutorial_utils.decoder_config import DecoderConfig
+from tutorial_utils.units import format_bytes
+
+SCRIPT = Path(__file__).resolve().parent / "fit_cpu_offload_fake.py"
+SHARDED = ("Sharded Param", "Sharded Grad", "OptState")  # FSDPMemTracker's names for the states
+# The calculator's moments and the counts that stand for them. The backward peak is the start
+# of backward: it comes before any unit's gradient is reduce-scattered (checked below).
+MOMENTS = {
+    "end of forward": "end of forward",
+    "start of backward": "backward peak",
+    "end of backward": "end of backward",
+    "optimizer step": "optimizer step",
+}
+
+
+@pytest.fixture(scope="module")
+def counted() -> dict:
+    done = processes.run([sys.executable, str(SCRIPT)], timeout_s=300)  # about 5 s; a hang
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def calculated(counted) -> dict:
+    ask = dict(
+        batch=counted["batch"],
+        seq=counted["seq"],
+        precision="fp32",
+        optimizer="adamw",  # foreach, as the script's
+        sharding="fsdp2",
+        n_gpus=counted["world"],
+        headroom=False,
+    )
+    cfg = DecoderConfig(**counted["config"])
+    return {
+        "control": fit.will_it_fit(cfg, **ask),
+        "offload": fit.will_it_fit(cfg, **ask, cpu_offload=True),
+    }
+
+
+@pytest.mark.heavy
+def test_offloading_takes_off_the_device_what_the_term_takes_off(counted, calculated):
+    control, offload = counted["control"], counted["offload"]
+    assert control["shards on"] == ["accel"] and offload["shards on"] == ["cpu"]
+    assert "Sharded Grad" not in control["at the backward peak"], "no gradient made yet"
+    for moment, count in MOMENTS.items():
+        measured = control[count] - offload[count]
+        term = calculated["control"].peaks[moment] - calculated["offload"].peaks[moment]
+        assert measured == term, moment
+
+
+@pytest.mark.heavy
+def test_the_cpu_holds_the_states_the_term_moved_there(counted, calculated):
+    """After backward: the shards of the weights and gradients and Adam's two moments are on
+    the CPU. Adam's step counters are on the CPU in both runs (a 0-d tensor per parameter):
+    the control's CPU bytes take them off."""
+    on_cpu = counted["offload"]["on the cpu"]
+    counters = counted["control"]["on the cpu"].get("OptState", 0)
+    states = calculated["control"].model_states
+    assert on_cpu["Sharded Param"] == states["weights"]
+    assert on_cpu["Sharded Grad"] == states["gradients"]
+    assert on_cpu["OptState"] - counters == states["optimizer state"]
+    assert set(calculated["offload"].model_states.values()) == {0}, "none left on the GPU"
+    said = f"on the CPU (offloaded): {format_bytes(sum(states.values()))} of states"
+    assert said in calculated["offload"].notes
+
+
+@pytest.mark.heavy
+def test_the_gathered_unit_and_the_activations_stay_on_the_device(counted, calculated):
+    """Offloaded, the device holds no shard at any moment counted, while the gathered root (its
+    weights: FSDP2 does not reshard the root after forward), the activations and, in backward,
+    the all-gather buffers and unsharded gradients are what they are without offloading. The
+    calculator keeps its gathered unit and activations too, and nothing at the step (the
+    optimizer steps on the CPU): the device holds only the batch's token ids then."""
+    control, offload = counted["control"], counted["offload"]
+    for when in ("at the end of forward", "at the backward peak"):
+        assert not set(SHARDED) & set(offload[when]), when
+        assert offload[when] == {k: v for k, v in control[when].items() if k not in SHARDED}
+    assert offload["end of backward"] == offload["tokens"] + 4  # and the loss (0-d fp32), held
+    assert offload["optimizer step"] == offload["tokens"]
+    c, o = calculated["control"].categories, calculated["offload"].categories
+    assert o["gathered unit"] == c["gathered unit"] > 0
+    assert o["activations"] == c["activations"] > 0
+    assert calculated["offload"].peaks["optimizer step"] == 0
