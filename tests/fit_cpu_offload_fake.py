@@ -76,6 +76,9 @@ CFG = DecoderConfig(
     max_positions=0,
 )
 BATCH, SEQ, WORLD = 2, 16, 4
+#: One step; two micro-batches accumulated (the counted forward, backward and step are the
+#: second's); the optimizer step in backward (each parameter stepped as its gradient is made)
+RECIPES = ("one batch", "2 micro-batches", "optimizer in backward")
 ACCEL = "accel"  # a torch.device once main() has registered it
 
 
@@ -141,7 +144,8 @@ def held(tracker: FSDPMemTracker) -> int:
     return by_category(tracker).get("Total", 0)
 
 
-def step(mesh, offload: bool) -> dict:
+def step(mesh, offload: bool, recipe: str) -> dict:
+    """Two steps of ``recipe`` (see ``RECIPES``) with or without offloading; the second counted."""
     policy = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
     with FakeTensorMode():
         with torch.device(ACCEL):
@@ -149,14 +153,24 @@ def step(mesh, offload: bool) -> dict:
         for block in model.blocks:
             fully_shard(block, mesh=mesh, offload_policy=policy)
         fully_shard(model, mesh=mesh, offload_policy=policy)
-        optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         tokens = torch.zeros(BATCH, SEQ, dtype=torch.long, device=ACCEL)
+        counted: dict = {"tokens": tokens.untyped_storage().nbytes(), "in the hooks": []}
+        if recipe == "optimizer in backward":  # notebook 03, section 7: one AdamW a parameter
+            optimizer = None
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(_step_in_backward(counted))
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((tokens,))
-        counted: dict = {"tokens": tokens.untyped_storage().nbytes()}
+        counted["tracker"] = tracker
         with tracker:
             for _ in range(2):  # the first step makes the optimizer state; the second counts
                 tracker.reset_mod_stats()
+                counted["in the hooks"].clear()
+                if recipe == "2 micro-batches":  # the first micro-batch's gradients are kept
+                    cross_entropy(model(tokens)).backward()
+                    tracker.reset_mod_stats()  # the tracker's per-module books: one pass each
                 loss = cross_entropy(model(tokens))
                 counted["end of forward"] = held(tracker)
                 counted["at the end of forward"] = by_category(tracker)
@@ -168,12 +182,30 @@ def step(mesh, offload: bool) -> dict:
                 counted["end of backward"] = held(tracker)
                 counted["on the cpu"] = by_category(tracker, "cpu")
                 del loss
-                with Highest(tracker) as stepping:
-                    optimizer.step()
-                counted["optimizer step"] = stepping.bytes
-                optimizer.zero_grad()
+                if optimizer is not None:
+                    with Highest(tracker) as stepping:
+                        optimizer.step()
+                    counted["optimizer step"] = stepping.bytes
+                    optimizer.zero_grad()
         counted["shards on"] = sorted({p.to_local().device.type for p in model.parameters()})
+    del counted["tracker"]
     return counted
+
+
+def _step_in_backward(counted: dict):
+    """A post-accumulate-grad hook that steps its parameter's own AdamW and frees its gradient,
+    counting the most the device holds while it steps. FSDP2 runs it on the sharded parameter
+    once its gradient shard is made (on the CPU when offloaded: ``_fsdp_collectives.py``)."""
+    optimizers: dict = {}
+
+    def hook(p: torch.Tensor) -> None:
+        opt = optimizers.setdefault(p, torch.optim.AdamW([p], foreach=True))
+        with Highest(counted["tracker"]) as stepping:
+            opt.step()
+        counted["in the hooks"].append(stepping.bytes)
+        p.grad = None
+
+    return hook
 
 
 def main() -> None:
@@ -181,11 +213,14 @@ def main() -> None:
     dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
     mesh = init_device_mesh(ACCEL, (WORLD,))  # made before the fake mode: it reads ranks
     try:
-        runs = {"control": step(mesh, False), "offload": step(mesh, True)}
+        runs = {
+            recipe: {"control": step(mesh, False, recipe), "offload": step(mesh, True, recipe)}
+            for recipe in RECIPES
+        }
     finally:
         dist.destroy_process_group()
     shape = {"config": dataclasses.asdict(CFG), "batch": BATCH, "seq": SEQ, "world": WORLD}
-    print(json.dumps({**shape, "torch": torch.__version__, **runs}))
+    print(json.dumps({**shape, "torch": torch.__version__, "runs": runs}))
 
 
 if __name__ == "__main__":

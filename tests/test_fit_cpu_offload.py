@@ -3,8 +3,10 @@
 ``fit_cpu_offload_fake.py`` (its docstring says how, and which lines of FSDP2 it runs) takes a
 step of the course's decoder as rank 0 of 4 under ``fully_shard``, once with
 ``CPUOffloadPolicy`` and once without, and counts with PyTorch's ``FSDPMemTracker`` the bytes
-on the accelerator, and on the CPU, at each moment of the step. The calculator is asked the
-same question (``will_it_fit(..., sharding="fsdp2", cpu_offload=True/False)``).
+on the accelerator, and on the CPU, at each moment of the step: for one batch, for two
+micro-batches accumulated, and with the optimizer step in backward. The calculator is asked
+the same questions (``will_it_fit(..., sharding="fsdp2", cpu_offload=True/False)`` with
+``grad_accumulation=2`` or ``optimizer_in_backward=True``).
 
 What the knob changes is held to the byte: at each moment, what offloading takes off the
 device (the control's bytes less the offloaded run's) is what the calculator's term takes off
@@ -13,7 +15,7 @@ the calculator moved there. What stays on the device, the gathered unit and the 
 is the same with and without offloading, measured and calculated. The step's other terms
 (how much a gathered unit and the activations hold at each moment) are the FSDP2 profile's,
 held elsewhere (``test_fit_profiles.py``), not here. One child process that imports torch
-(about 5 s of CPU): heavy.
+(about 12 s of CPU): heavy.
 """
 
 from __future__ import annotations
@@ -31,24 +33,32 @@ from tutorial_utils.units import format_bytes
 SCRIPT = Path(__file__).resolve().parent / "fit_cpu_offload_fake.py"
 SHARDED = ("Sharded Param", "Sharded Grad", "OptState")  # FSDPMemTracker's names for the states
 # The calculator's moments and the counts that stand for them. The backward peak is the start
-# of backward: it comes before any unit's gradient is reduce-scattered (checked below).
+# of backward: it comes before any unit's gradient is reduce-scattered (checked below). With the
+# optimizer step in backward the end of backward is the most held while a hook steps.
 MOMENTS = {
     "end of forward": "end of forward",
     "start of backward": "backward peak",
     "end of backward": "end of backward",
     "optimizer step": "optimizer step",
 }
+# The script's recipes (fit_cpu_offload_fake.RECIPES), as the calculator's knobs
+RECIPES = {
+    "one batch": {},
+    "2 micro-batches": {"grad_accumulation": 2},
+    "optimizer in backward": {"optimizer_in_backward": True},
+}
 
 
 @pytest.fixture(scope="module")
 def counted() -> dict:
-    done = processes.run([sys.executable, str(SCRIPT)], timeout_s=300)  # about 5 s; a hang
+    done = processes.run([sys.executable, str(SCRIPT)], timeout_s=300)  # about 10 s; a hang
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert set(out["runs"]) == set(RECIPES)
+    return out
 
 
-@pytest.fixture(scope="module")
-def calculated(counted) -> dict:
+def _calculated(counted: dict, recipe: str) -> dict:
     ask = dict(
         batch=counted["batch"],
         seq=counted["seq"],
@@ -57,6 +67,7 @@ def calculated(counted) -> dict:
         sharding="fsdp2",
         n_gpus=counted["world"],
         headroom=False,
+        **RECIPES[recipe],
     )
     cfg = DecoderConfig(**counted["config"])
     return {
@@ -65,24 +76,38 @@ def calculated(counted) -> dict:
     }
 
 
+def _taken_off(control: dict, offload: dict, moment: str) -> int:
+    """What offloading took off the device at ``moment``: the control's bytes less the
+    offloaded run's."""
+    if moment == "end of backward" and control["in the hooks"]:
+        pairs = zip(control["in the hooks"], offload["in the hooks"], strict=True)
+        return max(c - o for c, o in pairs)
+    return control[MOMENTS[moment]] - offload[MOMENTS[moment]]
+
+
 @pytest.mark.heavy
-def test_offloading_takes_off_the_device_what_the_term_takes_off(counted, calculated):
-    control, offload = counted["control"], counted["offload"]
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_offloading_takes_off_the_device_what_the_term_takes_off(counted, recipe):
+    control, offload = counted["runs"][recipe]["control"], counted["runs"][recipe]["offload"]
+    calculated = _calculated(counted, recipe)
     assert control["shards on"] == ["accel"] and offload["shards on"] == ["cpu"]
-    assert "Sharded Grad" not in control["at the backward peak"], "no gradient made yet"
-    for moment, count in MOMENTS.items():
-        measured = control[count] - offload[count]
-        term = calculated["control"].peaks[moment] - calculated["offload"].peaks[moment]
-        assert measured == term, moment
+    before = control["at the end of forward"].get("Sharded Grad", 0)  # an earlier micro-batch's
+    assert control["at the backward peak"].get("Sharded Grad", 0) == before, "none added yet"
+    assert bool(control["in the hooks"]) == (recipe == "optimizer in backward")
+    assert len(control["in the hooks"]) == len(offload["in the hooks"])
+    for moment, with_states in calculated["control"].peaks.items():
+        term = with_states - calculated["offload"].peaks[moment]
+        assert _taken_off(control, offload, moment) == term, moment
 
 
 @pytest.mark.heavy
-def test_the_cpu_holds_the_states_the_term_moved_there(counted, calculated):
+def test_the_cpu_holds_the_states_the_term_moved_there(counted):
     """After backward: the shards of the weights and gradients and Adam's two moments are on
     the CPU. Adam's step counters are on the CPU in both runs (a 0-d tensor per parameter):
     the control's CPU bytes take them off."""
-    on_cpu = counted["offload"]["on the cpu"]
-    counters = counted["control"]["on the cpu"].get("OptState", 0)
+    run, calculated = counted["runs"]["one batch"], _calculated(counted, "one batch")
+    on_cpu = run["offload"]["on the cpu"]
+    counters = run["control"]["on the cpu"].get("OptState", 0)
     states = calculated["control"].model_states
     assert on_cpu["Sharded Param"] == states["weights"]
     assert on_cpu["Sharded Grad"] == states["gradients"]
@@ -93,13 +118,16 @@ def test_the_cpu_holds_the_states_the_term_moved_there(counted, calculated):
 
 
 @pytest.mark.heavy
-def test_the_gathered_unit_and_the_activations_stay_on_the_device(counted, calculated):
+@pytest.mark.parametrize("recipe", ["one batch", "2 micro-batches"])
+def test_the_gathered_unit_and_the_activations_stay_on_the_device(counted, recipe):
     """Offloaded, the device holds no shard at any moment counted, while the gathered root (its
     weights: FSDP2 does not reshard the root after forward), the activations and, in backward,
     the all-gather buffers and unsharded gradients are what they are without offloading. The
     calculator keeps its gathered unit and activations too, and nothing at the step (the
-    optimizer steps on the CPU): the device holds only the batch's token ids then."""
-    control, offload = counted["control"], counted["offload"]
+    optimizer steps on the CPU): the device holds only the batch's token ids then. (The
+    optimizer in backward is left out: the tracker files its states under "Temp".)"""
+    control, offload = counted["runs"][recipe]["control"], counted["runs"][recipe]["offload"]
+    calculated = _calculated(counted, recipe)
     for when in ("at the end of forward", "at the backward peak"):
         assert not set(SHARDED) & set(offload[when]), when
         assert offload[when] == {k: v for k, v in control[when].items() if k not in SHARDED}
