@@ -21,14 +21,18 @@ The model is the course's decoder (Llama-like, fp32), wrapped as torchtitan wrap
 (``fully_shard`` on each block, then on the root), with foreach AdamW, once with
 ``CPUOffloadPolicy(pin_memory=False)`` and once without, the control. (``pin_memory=True``
 differs only in making the copies asynchronous, ``_fsdp_collectives.py`` lines 729-743, and
-fake tensors cannot be pinned.) Each takes two steps; the second is counted by PyTorch's
-``FSDPMemTracker``, which books every storage by its device and by what FSDP uses it for, read
-after every operator:
+fake tensors cannot be pinned.) Five recipes (``RECIPES``): one batch; two micro-batches
+accumulated; the optimizer step in backward (notebook 03, section 7); every block kept
+gathered from forward to backward (``reshard_after_forward=False``); and bf16 parameters with
+fp32 gradient reduction (``MixedPrecisionPolicy``, as torchtitan). Each takes two steps; the
+second is counted by PyTorch's ``FSDPMemTracker``, which books every storage by its device and
+by what FSDP uses it for, read after every operator:
 
 - ``end of forward``: after the loss, before backward (what is held then, by category);
 - ``backward peak``: the most held during ``loss.backward()`` (and by category at that moment);
 - ``end of backward``: after backward (every gradient reduce-scattered);
 - ``optimizer step``: the most held during ``optimizer.step()``;
+- ``in the hooks``: with the optimizer step in backward, the most held while each hook steps;
 - ``on the cpu``: after backward, the CPU's sharded parameters, gradients and optimizer state.
 
 What FSDP2 does with the policy (torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/``, git
@@ -52,7 +56,12 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -78,7 +87,13 @@ CFG = DecoderConfig(
 BATCH, SEQ, WORLD = 2, 16, 4
 #: One step; two micro-batches accumulated (the counted forward, backward and step are the
 #: second's); the optimizer step in backward (each parameter stepped as its gradient is made)
-RECIPES = ("one batch", "2 micro-batches", "optimizer in backward")
+RECIPES = (
+    "one batch",
+    "2 micro-batches",
+    "optimizer in backward",
+    "reshard_after_forward=False",
+    "bf16 parameters",
+)
 ACCEL = "accel"  # a torch.device once main() has registered it
 
 
@@ -147,12 +162,17 @@ def held(tracker: FSDPMemTracker) -> int:
 def step(mesh, offload: bool, recipe: str) -> dict:
     """Two steps of ``recipe`` (see ``RECIPES``) with or without offloading; the second counted."""
     policy = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
+    options: dict = {}
+    if recipe == "reshard_after_forward=False":  # every block kept gathered to its backward
+        options["reshard_after_forward"] = False
+    if recipe == "bf16 parameters":  # torchtitan's: gathered and computed in bf16
+        options["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
     with FakeTensorMode():
         with torch.device(ACCEL):
             model = Decoder(CFG)
         for block in model.blocks:
-            fully_shard(block, mesh=mesh, offload_policy=policy)
-        fully_shard(model, mesh=mesh, offload_policy=policy)
+            fully_shard(block, mesh=mesh, offload_policy=policy, **options)
+        fully_shard(model, mesh=mesh, offload_policy=policy, **options)
         tokens = torch.zeros(BATCH, SEQ, dtype=torch.long, device=ACCEL)
         counted: dict = {"tokens": tokens.untyped_storage().nbytes(), "in the hooks": []}
         if recipe == "optimizer in backward":  # notebook 03, section 7: one AdamW a parameter

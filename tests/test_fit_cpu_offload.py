@@ -3,19 +3,23 @@
 ``fit_cpu_offload_fake.py`` (its docstring says how, and which lines of FSDP2 it runs) takes a
 step of the course's decoder as rank 0 of 4 under ``fully_shard``, once with
 ``CPUOffloadPolicy`` and once without, and counts with PyTorch's ``FSDPMemTracker`` the bytes
-on the accelerator, and on the CPU, at each moment of the step: for one batch, for two
-micro-batches accumulated, and with the optimizer step in backward. The calculator is asked
-the same questions (``will_it_fit(..., sharding="fsdp2", cpu_offload=True/False)`` with
-``grad_accumulation=2`` or ``optimizer_in_backward=True``).
+on the accelerator, and on the CPU, at each moment of the step: for one batch, two
+micro-batches accumulated, the optimizer step in backward, ``reshard_after_forward=False``
+and bf16 parameters (``MixedPrecisionPolicy(bfloat16, float32)``). The calculator is asked the
+same questions (``will_it_fit(..., sharding="fsdp2", cpu_offload=True/False)`` with
+``grad_accumulation=2``, ``optimizer_in_backward=True``, ``reshard_after_forward=False``, or
+``precision="bf16-master", reduce_dtype="fp32"``).
 
 What the knob changes is held to the byte: at each moment, what offloading takes off the
 device (the control's bytes less the offloaded run's) is what the calculator's term takes off
 (its peak without the knob less its peak with it), and the CPU then holds exactly the states
-the calculator moved there. What stays on the device, the gathered unit and the activations,
+the calculator moved there. (With bf16 parameters, before any gradient exists, the profile
+counts a bf16 copy of the shards that FSDP2 does not keep: said where it is checked.) What
+stays on the device, the gathered unit and the activations,
 is the same with and without offloading, measured and calculated. The step's other terms
 (how much a gathered unit and the activations hold at each moment) are the FSDP2 profile's,
 held elsewhere (``test_fit_profiles.py``), not here. One child process that imports torch
-(about 12 s of CPU): heavy.
+(about 16 s of CPU): heavy.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ RECIPES = {
     "one batch": {},
     "2 micro-batches": {"grad_accumulation": 2},
     "optimizer in backward": {"optimizer_in_backward": True},
+    "reshard_after_forward=False": {"reshard_after_forward": False},
+    "bf16 parameters": {"precision": "bf16-master", "reduce_dtype": "fp32"},
 }
 
 
@@ -67,8 +73,8 @@ def _calculated(counted: dict, recipe: str) -> dict:
         sharding="fsdp2",
         n_gpus=counted["world"],
         headroom=False,
-        **RECIPES[recipe],
     )
+    ask.update(RECIPES[recipe])
     cfg = DecoderConfig(**counted["config"])
     return {
         "control": fit.will_it_fit(cfg, **ask),
@@ -97,7 +103,14 @@ def test_offloading_takes_off_the_device_what_the_term_takes_off(counted, recipe
     assert len(control["in the hooks"]) == len(offload["in the hooks"])
     for moment, with_states in calculated["control"].peaks.items():
         term = with_states - calculated["offload"].peaks[moment]
-        assert _taken_off(control, offload, moment) == term, moment
+        absent = 0
+        if recipe == "bf16 parameters" and moment in ("end of forward", "start of backward"):
+            # FSDP2 keeps no bf16 copy of its fp32 shards (it casts them as it gathers); the
+            # profile's mixed recipe counts one, 2 bytes a parameter, which with the gradients
+            # it sums right (test_fit_profiles.py) but before them is counted and not there:
+            # offloading takes off what is there, the states less that copy
+            absent = calculated["control"].model_states["weights"]
+        assert _taken_off(control, offload, moment) == term - absent, moment
 
 
 @pytest.mark.heavy
@@ -118,7 +131,7 @@ def test_the_cpu_holds_the_states_the_term_moved_there(counted):
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("recipe", ["one batch", "2 micro-batches"])
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "optimizer in backward"])
 def test_the_gathered_unit_and_the_activations_stay_on_the_device(counted, recipe):
     """Offloaded, the device holds no shard at any moment counted, while the gathered root (its
     weights: FSDP2 does not reshard the root after forward), the activations and, in backward,
