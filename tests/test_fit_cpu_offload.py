@@ -57,7 +57,7 @@ RECIPES = {
 
 @pytest.fixture(scope="module")
 def counted() -> dict:
-    done = processes.run([sys.executable, str(SCRIPT)], timeout_s=300)  # about 10 s; a hang
+    done = processes.run([sys.executable, str(SCRIPT)], timeout_s=600)  # about 20 s; a hang
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])
     assert set(out["runs"]) == set(RECIPES)
