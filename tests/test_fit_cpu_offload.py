@@ -15,11 +15,13 @@ device (the control's bytes less the offloaded run's) is what the calculator's t
 (its peak without the knob less its peak with it), and the CPU then holds exactly the states
 the calculator moved there. (With bf16 parameters, before any gradient exists, the profile
 counts a bf16 copy of the shards that FSDP2 does not keep: said where it is checked.) What
-stays on the device, the gathered unit and the activations,
-is the same with and without offloading, measured and calculated. The step's other terms
-(how much a gathered unit and the activations hold at each moment) are the FSDP2 profile's,
-held elsewhere (``test_fit_profiles.py``), not here. One child process that imports torch
-(about 16 s of CPU): heavy.
+stays on the device, the gathered unit and the activations, is the same with and without
+offloading, measured and calculated. The step's other terms (how much a gathered unit and the
+activations hold at each moment) are the FSDP2 profile's, held elsewhere
+(``test_fit_profiles.py``), not here. The same term serves FSDP1's ``CPUOffload`` and the
+``zero3`` profile, unmeasured: FSDP1 moves its flat parameter between devices with
+``.data =``, which torch refuses between the CPU and a device registered in Python, and
+DeepSpeed is not installed. One child process that imports torch (about 16 s of CPU): heavy.
 """
 
 from __future__ import annotations
