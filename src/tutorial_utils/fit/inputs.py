@@ -64,8 +64,9 @@ _RECIPE_ALIASES = {
 #: The optimizers, by the state they keep per trainable parameter: SGD none, SGD with momentum
 #: one buffer, AdamW two moments; bitsandbytes' 8-bit AdamW keeps the two moments in one byte
 #: each plus one fp32 scale per block of 256 (``bnb.optim.AdamW8bit``, block-wise
-#: quantization, Dettmers et al. 2022); the paged variant keeps the same state in CUDA unified
-#: memory, which the driver pages to the CPU when the GPU runs short.
+#: quantization, Dettmers et al. 2022); the paged variant keeps the moments of its large
+#: tensors in CUDA unified memory, which the driver pages to the CPU when the GPU runs short
+#: (``states.adamw8bit_bytes``).
 OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw8bit", "paged-adamw8bit")
 _OPTIMIZER_ALIASES = {
     "adam": "adamw",

@@ -129,7 +129,8 @@ def table() -> Scope:
         ),
         (
             "paged 8-bit AdamW",
-            "its state is CUDA unified memory, outside PyTorch's allocator: not in the peak",
+            "the moments of tensors of 100,000 elements or more are CUDA unified memory, "
+            "outside PyTorch's allocator: not in the peak (the note says how much)",
         ),
         ("other models", "encoder-decoders, mixtures of experts: not the decoder family"),
     )
