@@ -434,12 +434,14 @@ def _extras(
 
 def _notes(optimizer: str, on_cpu: dict, sharding: str, unified: int = 0) -> tuple[str, ...]:
     notes = ["eager mode: torch.compile and Float8 change what is saved (a band, not modelled)"]
-    if optimizer == "paged-adamw8bit":
+    if optimizer in ("paged-adamw8bit", "paged-adamw"):
+        eight = optimizer == "paged-adamw8bit"
         notes.append(
-            f"paged 8-bit AdamW keeps {format_bytes(unified)} of its moments (those of tensors "
-            "of 100,000 elements or more) in CUDA unified memory, outside PyTorch's allocator: "
-            "not in this peak, and paged to the CPU when the GPU runs short; their block "
-            "scales and the smaller tensors' moments are in it"
+            f"paged {'8' if eight else '32'}-bit AdamW keeps {format_bytes(unified)} of its "
+            "moments (those of tensors of 100,000 elements or more) in CUDA unified memory, "
+            "outside PyTorch's allocator: not in this peak, and paged to the CPU when the GPU "
+            f"runs short; {'their block scales and ' if eight else ''}the smaller tensors' "
+            "moments are in it"
         )
     if on_cpu:
         notes.append(f"on the CPU (offloaded): {format_bytes(sum(on_cpu.values()))} of states")

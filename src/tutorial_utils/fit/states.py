@@ -17,8 +17,10 @@ them), for a precision recipe, an optimizer, and LoRA or QLoRA when only adapter
   the maps and the smaller tensors' moments stay in PyTorch's allocator and count. Sharded,
   the profiles divide these bytes by the ranks (each rank's optimizer sees its shards: the
   thresholds and the last block's rounding then move by under a block per tensor).
-  ``tests/test_fit_8bit.py`` holds this to the byte against a replay of the library's
-  allocations and, where bitsandbytes is installed, against the library itself.
+  ``paged-adamw`` (32-bit ``PagedAdamW``) keeps two fp32 moments per element whatever the
+  weights' dtype, paged by the same rule, and no maps. ``tests/test_fit_8bit.py`` holds this
+  to the byte against a replay of the library's allocations and, where bitsandbytes is
+  installed, against the library itself.
 - LoRA (``lora_rank``): the base is frozen (its weights only, in the recipe's weight dtype, or
   NF4 under QLoRA) and the adapters train: A (r x in) and B (out x r) per adapted linear.
   NF4 (torchao's ``NF4Tensor``, as torchtune's QLoRA): 4 bits per weight, one int8 scale per
@@ -54,7 +56,7 @@ __all__ = [
     "STATES",
     "Lora",
     "States",
-    "adamw8bit_bytes",
+    "bnb_adamw_bytes",
     "model_states",
     "nf4_bytes",
     "nf4_load_bytes",
@@ -142,21 +144,24 @@ PAGED_MIN = 100_000
 QMAPS = 2 * 256 * 4
 
 
-def adamw8bit_bytes(numels, block: int = ADAMW8BIT_BLOCK, paged: bool = False) -> tuple[int, int]:
-    """Bytes of bitsandbytes' 8-bit AdamW state for tensors of ``numels`` elements: (in
-    PyTorch's allocator, in CUDA unified memory), as the module's docstring reads the source."""
+def bnb_adamw_bytes(
+    numels, bits: int = 8, paged: bool = False, block: int = ADAMW8BIT_BLOCK
+) -> tuple[int, int]:
+    """Bytes of bitsandbytes' AdamW state (``bits`` 8 or 32) for tensors of ``numels``
+    elements: (in PyTorch's allocator, in CUDA unified memory), as the module's docstring
+    reads the source."""
     allocator = unified = 0
     for n in numels:
-        if n < MIN_8BIT_SIZE:
-            allocator += 2 * 4 * n  # two fp32 moments
-            continue
-        absmax = 2 * 4 * math.ceil(n / block)
-        if paged and n >= PAGED_MIN:
-            unified += 2 * n
-            allocator += absmax
+        if bits == 32 or n < MIN_8BIT_SIZE:
+            moments, absmax = 2 * 4 * n, 0  # two fp32 moments
         else:
-            allocator += 2 * n + absmax
-    if any(n >= MIN_8BIT_SIZE for n in numels):
+            moments, absmax = 2 * n, 2 * 4 * math.ceil(n / block)
+        if paged and n >= PAGED_MIN:
+            unified += moments
+        else:
+            allocator += moments
+        allocator += absmax
+    if bits == 8 and any(n >= MIN_8BIT_SIZE for n in numels):
         allocator += QMAPS
     return allocator, unified
 
@@ -181,11 +186,12 @@ def model_states(
         else:
             frozen_bytes = per["weights"] * c.total
     n = sum(trainable)
-    base_optimizer = "adamw" if optimizer in ("adamw8bit", "paged-adamw8bit") else optimizer
-    s = formulas.model_state_bytes(n, precision, base_optimizer)
+    bnb = optimizer in ("adamw8bit", "paged-adamw8bit", "paged-adamw")
+    s = formulas.model_state_bytes(n, precision, "adamw" if bnb else optimizer)
     state, unified = s.optimizer_state, 0
-    if optimizer in ("adamw8bit", "paged-adamw8bit"):
-        state, unified = adamw8bit_bytes(trainable, paged=optimizer == "paged-adamw8bit")
+    if bnb:
+        bits = 32 if optimizer == "paged-adamw" else 8
+        state, unified = bnb_adamw_bytes(trainable, bits, paged=optimizer.startswith("paged"))
     whole = {
         "weights": s.weights + frozen_bytes,
         "gradients": s.gradients,
