@@ -8,14 +8,18 @@ precision) are listed with the reason, so the table shows what is not checked as
 what is. No constant was fitted to these
 rows: the calculator's terms come from code and the CPU tests; the rows judge them.
 
-Today: 54 rows expressible, 31 within +-10 % (57 %) and 45 within +-20 % (83 %); 58 more
-are listed with the reason they cannot be expressed. 33 of the 54 are held out (``HELD_OUT``,
+Today: 55 rows expressible, 32 within +-10 % (58 %) and 46 within +-20 % (84 %); 57 more
+are listed with the reason they cannot be expressed. 33 of the 55 are held out (``HELD_OUT``,
 below, 45 rows in all): collected on 2026-12-07 after the calculator's last change, from
-sources the first 21 did not use (Answer.AI's fsdp_qlora benchmarks, torchtune's Llama 3
+sources the first 22 did not use (Answer.AI's fsdp_qlora benchmarks, torchtune's Llama 3
 tutorial and its README's compiled Llama 3.1 table, PEFT's docs) or used little (litgpt's
 config hub), each row's knobs chosen from its recipe before the calculator was asked.
-They are the fair judge: 15 of 33 within 10 % (45 %), 27 within 20 % (82 %). The 21 rows the
-calculator was changed against: 16 within 10 % (76 %), 18 within 20 % (86 %). The held-out
+They are the fair judge: 15 of 33 within 10 % (45 %), 27 within 20 % (82 %). The 22 rows the
+calculator was changed against: 17 within 10 % (77 %), 19 within 20 % (86 %); torchtune's
+low-memory full fine-tune (bitsandbytes' 32-bit ``PagedAdamW``, whose large moments live
+outside PyTorch's allocator) became expressible with ``optimizer="paged-adamw"``
+(``fit.states.bnb_adamw_bytes``, held to the library's allocations in
+``tests/test_fit_8bit.py``), at +1.8 %. The held-out
 misses, each naming its term: litgpt's single-GPU QLoRA (-12 to -21 %: not identified; its
 block and NF4 without double quantization explain about a third at 7B), Answer.AI's
 reserved peaks on FSDP1 (-12 to -29 %: the same page shows this recipe reserving 12-24 %
@@ -47,7 +51,7 @@ their missing term in ``missing``:
 - torchtune's README single-GPU LoRA (-12.8 %): its 17.18 GB is the table's figure of
   a95c6b931, an allocated peak of that day's untruncated config, kept at fef3ed10d.
 - the allocator's reserve (torchtune's QLoRA, -20.9 %, fragmentation at load) and litgpt's
-  QLoRA 7B (-10.5 %, litgpt's block saves more).
+  QLoRA 7B (-10.3 %, litgpt's block saves more).
 
 ``test_the_misses_are_the_rows_that_say_so`` fails if another row misses or a named miss starts
 to agree, so this paragraph stays true.
@@ -58,7 +62,7 @@ rules, written before any pair was weighed against these rows, for which count: 
 to +79.5 %: llama-recipes' FSDP runs and Liger's Medusa example), fewer than the 5 a sourced
 term needs. Their median, +55.6 %, is no fit for these rows:
 ``test_the_counted_pairs_median_would_overshoot_the_reserved_rows`` shows that with it the
-six "reserved" rows that agree today would land 41-46 % over, and 11 of 21 rows (not 16)
+seven earlier "reserved" rows that agree today would land 41-51 % over, and 11 of 22 (not 17)
 would be within 10 %. The reserve differs between recipes by more than these rows' errors.
 
 What each source reports decides what is compared:
@@ -281,6 +285,9 @@ def _litgpt(preset: str, micro: int, base: str = "bf16") -> dict:
         batch=micro,
         seq=1304,
         precision="pure-bf16",
+        # finetune/lora.py at 8641822: bnb.optim.PagedAdamW (32-bit) under --quantize bnb.*,
+        # torch.optim.AdamW otherwise
+        optimizer="paged-adamw" if base == "bnb-nf4" else "adamw",
         lora_rank=8,
         lora_targets="qv",
         lora_base=base,
@@ -1185,12 +1192,19 @@ MEASURED = (
         14.97,
         TORCHTUNE_README,
         TORCHTUNE_README_RUN + "; full_finetune_single_device, llama2/7B_full_low_memory: "
-        "bitsandbytes.optim.PagedAdamW (32-bit), optimizer_in_bwd, activation checkpointing",
+        "bitsandbytes.optim.PagedAdamW (32-bit: every moment of 100,000 elements or more in "
+        "CUDA unified memory, outside max_memory_reserved), one per parameter "
+        "(optimizer_in_bwd), activation checkpointing, no accumulation",
         "reserved",
-        None,
-        "bitsandbytes' 32-bit PagedAdamW keeps its state in CUDA unified memory, outside "
-        "PyTorch's allocator (so outside max_memory_reserved); the calculator models the "
-        "8-bit paged AdamW only",
+        dict(
+            preset="llama-2-7b",
+            batch=2,
+            seq=512,
+            precision="pure-bf16",
+            optimizer="paged-adamw",
+            checkpointing="full",
+            optimizer_in_backward=True,
+        ),
         unit=GB,
     ),
     Measured(
@@ -1307,9 +1321,9 @@ def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_it
 
 
 def test_the_misses_are_the_rows_that_say_so():
-    """The fractions the module's docstring states: 31 of 54 within 10 %, 45 within 20 %; of
-    them the held-out rows 15 of 33 and 27, the rows the calculator was changed against 16 of
-    21 and 18."""
+    """The fractions the module's docstring states: 32 of 55 within 10 %, 46 within 20 %; of
+    them the held-out rows 15 of 33 and 27, the rows the calculator was changed against 17 of
+    22 and 19."""
 
     def counts(rows):
         within = [row for row in rows if abs(difference(row)) <= TOLERANCE]
@@ -1317,9 +1331,9 @@ def test_the_misses_are_the_rows_that_say_so():
         return len(within), len(within20), len(rows)
 
     earlier = [row for row in MODELLED if row not in HELD_OUT_MODELLED]
-    assert counts(MODELLED) == (31, 45, 54)
+    assert counts(MODELLED) == (32, 46, 55)
     assert counts(HELD_OUT_MODELLED) == (15, 27, 33)
-    assert counts(earlier) == (16, 18, 21)
+    assert counts(earlier) == (17, 19, 22)
     within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
     assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
 
@@ -1334,8 +1348,8 @@ def test_the_counted_pairs_median_would_overshoot_the_reserved_rows(monkeypatch)
     median = reserve_pairs.summary()[0]
     context, reserve = headroom.HEADROOM
     monkeypatch.setattr(peak, "HEADROOM", (context, dataclasses.replace(reserve, fraction=median)))
-    assert f"{median:+.1%}" == "+55.6%" and len(agree) == 6
-    assert all(0.41 <= difference(r) <= 0.46 for r in agree), [difference(r) for r in agree]
+    assert f"{median:+.1%}" == "+55.6%" and len(agree) == 7
+    assert all(0.41 <= difference(r) <= 0.51 for r in agree), [difference(r) for r in agree]
     assert sum(abs(difference(r)) <= TOLERANCE for r in earlier) == 11
 
 

@@ -51,14 +51,20 @@ def test_the_compile_band_row_follows_the_band(monkeypatch):
     assert "peaked at 50% to 60% of the same run in eager mode" in repr(scope.table())
 
 
+def _not_its_recipe(row) -> bool:
+    return row.missing == _NOT_ITS_RECIPE or row.missing.startswith("not this recipe's figure")
+
+
 def test_the_misses_are_qlora_and_fsdp1_runs_the_answer_puts_too_low():
     """The table's row "some QLoRA and FSDP1 runs": the rows tests/test_fit_published.py says
     miss are QLoRA's (an NF4 base), FSDP1's, or one whose missing term is the allocator's
     reserve (the table's own row), each more than 10 % under its published peak. Two held-out
     rows are left out: their published peak is below their recipe's model states
     (test_the_rows_that_cannot_be_their_recipe_hold_less_than_its_states), so what they show is
-    a published figure that is not its recipe's, not a term the calculator lacks."""
-    missed = [row for row in MODELLED if row.missing and row.missing != _NOT_ITS_RECIPE]
+    a published figure that is not its recipe's, not a term the calculator lacks; so is
+    torchtune's README single-GPU LoRA, whose figure its own history shows to be an older
+    config's (its ``missing`` says which)."""
+    missed = [row for row in MODELLED if row.missing and not _not_its_recipe(row)]
 
     def named(row) -> bool:
         return (

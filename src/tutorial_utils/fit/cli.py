@@ -112,8 +112,8 @@ def parser() -> argparse.ArgumentParser:
         "--optimizer",
         type=_reader(inputs.optimizer),
         default="adamw",
-        help="adam / adamw (two fp32 moments per parameter), adamw8bit, paged-adamw8bit "
-        "(bitsandbytes), sgd-momentum, sgd (default adamw)",
+        help="adam / adamw (two fp32 moments per parameter), adamw8bit, paged-adamw8bit, "
+        "paged-adamw (bitsandbytes), sgd-momentum, sgd (default adamw)",
     )
     p.add_argument(
         "--optimizer-impl",

@@ -64,9 +64,12 @@ _RECIPE_ALIASES = {
 #: The optimizers, by the state they keep per trainable parameter: SGD none, SGD with momentum
 #: one buffer, AdamW two moments; bitsandbytes' 8-bit AdamW keeps the two moments in one byte
 #: each plus one fp32 scale per block of 256 (``bnb.optim.AdamW8bit``, block-wise
-#: quantization, Dettmers et al. 2022); the paged variant keeps the same state in CUDA unified
-#: memory, which the driver pages to the CPU when the GPU runs short.
-OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw8bit", "paged-adamw8bit")
+#: quantization, Dettmers et al. 2022); the paged variant keeps the moments of its large
+#: tensors in CUDA unified memory, which the driver pages to the CPU when the GPU runs short
+#: (``states.bnb_adamw_bytes``). ``paged-adamw`` is bitsandbytes' 32-bit ``PagedAdamW``: fp32
+#: moments whatever the weights' dtype, paged the same way (litgpt's QLoRA, torchtune's
+#: low-memory full fine-tune).
+OPTIMIZERS = ("sgd", "sgd-momentum", "adamw", "adamw8bit", "paged-adamw8bit", "paged-adamw")
 _OPTIMIZER_ALIASES = {
     "adam": "adamw",
     "momentum": "sgd-momentum",
@@ -75,6 +78,8 @@ _OPTIMIZER_ALIASES = {
     "bnb-adamw8bit": "adamw8bit",
     "pagedadamw8bit": "paged-adamw8bit",
     "paged-adamw-8bit": "paged-adamw8bit",
+    "paged-adamw32bit": "paged-adamw",
+    "bnb-paged-adamw": "paged-adamw",
 }
 
 #: How ``torch.optim`` runs the step (``foreach=``, ``fused=``). ``default`` is what torch

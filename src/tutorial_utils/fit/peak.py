@@ -332,7 +332,8 @@ def will_it_fit(
         reduce_dtype=reduce_dtype,
         gradient_sync=gradient_sync,
     )
-    notes = _notes(optimizer, on_cpu, sharding)
+    unified = math.ceil(whole.unified * share.fraction / ranks)  # this GPU's paged state
+    notes = _notes(optimizer, on_cpu, sharding, unified)
     return FitReport(
         label,
         batch,
@@ -431,12 +432,16 @@ def _extras(
     return tuple(said)
 
 
-def _notes(optimizer: str, on_cpu: dict, sharding: str) -> tuple[str, ...]:
+def _notes(optimizer: str, on_cpu: dict, sharding: str, unified: int = 0) -> tuple[str, ...]:
     notes = ["eager mode: torch.compile and Float8 change what is saved (a band, not modelled)"]
-    if optimizer == "paged-adamw8bit":
+    if optimizer in ("paged-adamw8bit", "paged-adamw"):
+        eight = optimizer == "paged-adamw8bit"
         notes.append(
-            "paged 8-bit AdamW keeps its state in CUDA unified memory, outside PyTorch's "
-            "allocator: not in this peak, and paged to the CPU when the GPU runs short"
+            f"paged {'8' if eight else '32'}-bit AdamW keeps {format_bytes(unified)} of its "
+            "moments (those of tensors of 100,000 elements or more) in CUDA unified memory, "
+            "outside PyTorch's allocator: not in this peak, and paged to the CPU when the GPU "
+            f"runs short; {'their block scales and ' if eight else ''}the smaller tensors' "
+            "moments are in it"
         )
     if on_cpu:
         notes.append(f"on the CPU (offloaded): {format_bytes(sum(on_cpu.values()))} of states")

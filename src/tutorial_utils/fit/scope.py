@@ -128,8 +128,9 @@ def table() -> Scope:
             "not identified): tests/test_fit_published.py names the term each one lacks",
         ),
         (
-            "paged 8-bit AdamW",
-            "its state is CUDA unified memory, outside PyTorch's allocator: not in the peak",
+            "paged AdamW (8-, 32-bit)",
+            "the moments of tensors of 100,000 elements or more are CUDA unified memory, "
+            "outside PyTorch's allocator: not in the peak (the note says how much)",
         ),
         ("other models", "encoder-decoders, mixtures of experts: not the decoder family"),
     )

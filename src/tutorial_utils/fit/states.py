@@ -5,11 +5,22 @@ them), for a precision recipe, an optimizer, and LoRA or QLoRA when only adapter
 
 - Full training: ``formulas.model_state_bytes`` (bytes per parameter of the recipe, the
   optimizer's fp32 moments; Adam's ``step`` counters stay on the CPU on a GPU).
-- 8-bit AdamW (bitsandbytes ``AdamW8bit``, ``PagedAdamW8bit``): each moment one byte per
-  element and one fp32 absmax per block of 256 elements (block-wise quantization), for each
-  tensor of 4096 elements or more (``min_8bit_size``); smaller tensors keep fp32 moments.
-  ``paged-adamw8bit`` allocates the same state as CUDA unified memory, outside PyTorch's
-  caching allocator: it counts 0 in PyTorch's peak and the driver pages it out under pressure.
+- 8-bit AdamW (bitsandbytes ``AdamW8bit``, ``PagedAdamW8bit``; ``Optimizer2State.init_state``
+  in ``bitsandbytes/optim/optimizer.py``, read at 0.41.1 = 18e827d6 and 0.50.1 = 37d2a938):
+  each moment one byte per element and one fp32 absmax per block of ``ADAMW8BIT_BLOCK``
+  elements (block-wise quantization), for each tensor of ``MIN_8BIT_SIZE`` elements or more;
+  smaller tensors keep fp32 moments. One signed and one unsigned quantization map (256 fp32
+  each, ``fill_qmap`` at construction, moved once per device and shared by every tensor) make
+  ``QMAPS`` bytes per optimizer. ``paged-adamw8bit`` allocates a moment of ``PAGED_MIN``
+  elements or more in CUDA unified memory (``get_state_buffer``: ``F.get_paged``, outside
+  PyTorch's caching allocator, paged to the CPU by the driver under pressure); its absmax,
+  the maps and the smaller tensors' moments stay in PyTorch's allocator and count. Sharded,
+  the profiles divide these bytes by the ranks (each rank's optimizer sees its shards: the
+  thresholds and the last block's rounding then move by under a block per tensor).
+  ``paged-adamw`` (32-bit ``PagedAdamW``) keeps two fp32 moments per element whatever the
+  weights' dtype, paged by the same rule, and no maps. ``tests/test_fit_8bit.py`` holds this
+  to the byte against a replay of the library's allocations and, where bitsandbytes is
+  installed, against the library itself.
 - LoRA (``lora_rank``): the base is frozen (its weights only, in the recipe's weight dtype, or
   NF4 under QLoRA) and the adapters train: A (r x in) and B (out x r) per adapted linear.
   NF4 (torchao's ``NF4Tensor``, as torchtune's QLoRA): 4 bits per weight, one int8 scale per
@@ -37,10 +48,15 @@ from ..decoder_config import DecoderConfig
 from .shapes import counts, lora_counts
 
 __all__ = [
+    "ADAMW8BIT_BLOCK",
+    "MIN_8BIT_SIZE",
     "NF4_CHUNK",
+    "PAGED_MIN",
+    "QMAPS",
     "STATES",
     "Lora",
     "States",
+    "bnb_adamw_bytes",
     "model_states",
     "nf4_bytes",
     "nf4_load_bytes",
@@ -70,6 +86,7 @@ class States:
     bytes: dict[str, int]
     trainable: tuple[int, ...]
     n_trainable: int
+    unified: int = 0  # a paged optimizer's state in CUDA unified memory, outside ``bytes``
 
 
 def nf4_bytes(n: int) -> int:
@@ -114,11 +131,39 @@ def nf4_load_bytes(cfg: DecoderConfig, lora: Lora) -> int:
     return 2 * n + nf4_bytes(n) + scratch
 
 
-def _adamw8bit(numels) -> int:
-    total = 0
+#: bitsandbytes quantizes each 8-bit moment in blocks of this many elements, one fp32 absmax
+#: each: 256 since 0.44.0 (aa57bd89, bitsandbytes#1365, 2024-09-20: "Change 8bit optimizer
+#: blocksize 2048->256"); 2048 in 0.41.1 (litgpt's pin) to 0.43.3. torchtune asks for
+#: ``bitsandbytes>=0.43.0`` (pyproject.toml at 1814feb), so either.
+ADAMW8BIT_BLOCK = 256
+#: Tensors under this many elements keep fp32 moments (``min_8bit_size``'s default).
+MIN_8BIT_SIZE = 4096
+#: A paged optimizer's moment goes to unified memory from this many elements (``1e5``).
+PAGED_MIN = 100_000
+#: The two quantization maps, 256 fp32 each, one pair per optimizer and device.
+QMAPS = 2 * 256 * 4
+
+
+def bnb_adamw_bytes(
+    numels, bits: int = 8, paged: bool = False, block: int = ADAMW8BIT_BLOCK
+) -> tuple[int, int]:
+    """Bytes of bitsandbytes' AdamW state (``bits`` 8 or 32) for tensors of ``numels``
+    elements: (in PyTorch's allocator, in CUDA unified memory), as the module's docstring
+    reads the source."""
+    allocator = unified = 0
     for n in numels:
-        total += 2 * n + 2 * 4 * math.ceil(n / 256) if n >= 4096 else 8 * n
-    return total
+        if bits == 32 or n < MIN_8BIT_SIZE:
+            moments, absmax = 2 * 4 * n, 0  # two fp32 moments
+        else:
+            moments, absmax = 2 * n, 2 * 4 * math.ceil(n / block)
+        if paged and n >= PAGED_MIN:
+            unified += moments
+        else:
+            allocator += moments
+        allocator += absmax
+    if bits == 8 and any(n >= MIN_8BIT_SIZE for n in numels):
+        allocator += QMAPS
+    return allocator, unified
 
 
 def model_states(
@@ -141,17 +186,16 @@ def model_states(
         else:
             frozen_bytes = per["weights"] * c.total
     n = sum(trainable)
-    base_optimizer = "adamw" if optimizer in ("adamw8bit", "paged-adamw8bit") else optimizer
-    s = formulas.model_state_bytes(n, precision, base_optimizer)
-    state = s.optimizer_state
-    if optimizer == "adamw8bit":
-        state = _adamw8bit(trainable)
-    elif optimizer == "paged-adamw8bit":
-        state = 0  # unified memory, outside PyTorch's allocator (see the docstring)
+    bnb = optimizer in ("adamw8bit", "paged-adamw8bit", "paged-adamw")
+    s = formulas.model_state_bytes(n, precision, "adamw" if bnb else optimizer)
+    state, unified = s.optimizer_state, 0
+    if bnb:
+        bits = 32 if optimizer == "paged-adamw" else 8
+        state, unified = bnb_adamw_bytes(trainable, bits, paged=optimizer.startswith("paged"))
     whole = {
         "weights": s.weights + frozen_bytes,
         "gradients": s.gradients,
         "master weights": s.master,
         "optimizer state": state,
     }
-    return States(whole, trainable, n)
+    return States(whole, trainable, n, unified)
