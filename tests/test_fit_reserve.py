@@ -177,3 +177,39 @@ def test_the_docstrings_state_what_the_pairs_show():
     bounds = [r / (a + 1) - 1, (r + 1) / a - 1, s / (b + 1) - 1, (s + 1) / b - 1]
     low1, high1, low2, high2 = (f"{100 * x:.0f}" for x in bounds)
     assert f"+{low1} to +{high1} % and +{low2} to +{high2} %" in text
+
+
+def test_the_mechanism_fit_headroom_cites_is_in_the_installed_torch():
+    """fit.headroom's reason for FSDP1's own reserve, read in torch's code (so a torch that
+    changes it fails here): FSDP1 allocates each gathered unit under its unshard stream and
+    frees it with record_stream; FSDP2's and DDP's code call no record_stream; and on the CPU
+    FSDP1's record_stream helper returns at once (so no gloo rank can show the effect)."""
+    import inspect
+
+    import torch.distributed.fsdp._flat_param as flat
+    import torch.distributed.fsdp._runtime_utils as runtime
+    import torch.nn.parallel.distributed as ddp
+    from torch.distributed.fsdp import _common_utils
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
+
+    unshard = inspect.getsource(runtime._unshard)
+    assert re.search(
+        r"with state\._device_handle\.stream\(unshard_stream\):\s+handle\.unshard\(\)", unshard
+    )
+    free = inspect.getsource(flat.FlatParamHandle._free_unsharded_flat_param)
+    assert free.index("_no_dispatch_record_stream(") < free.index(
+        "_free_storage(unsharded_flat_param)"
+    )
+    post_backward = inspect.getsource(runtime._post_backward_hook)
+    grad = r"_no_dispatch_record_stream\(\s*autograd_computed_grad,\s*state\._post_backward_stream"
+    assert re.search(grad, post_backward)
+
+    def calls_record_stream(module) -> bool:
+        code = "\n".join(line.split("#")[0] for line in inspect.getsource(module).splitlines())
+        return bool(re.search(r"(?<![\"'`\w])(_no_dispatch_)?record_stream\(", code))
+
+    assert calls_record_stream(runtime) and calls_record_stream(flat)
+    for module in (_fsdp_collectives, _fsdp_param_group, ddp):
+        assert not calls_record_stream(module), module.__name__
+    helper = inspect.getsource(_common_utils._no_dispatch_record_stream)
+    assert '"cuda",' in helper and "return" in helper.split("is_torchdynamo_compiling")[0]
