@@ -20,29 +20,29 @@
   dev-log, 2026-06-01). Measure yours: ``torch.cuda.max_memory_reserved()`` against
   ``torch.cuda.max_memory_allocated()``.
 
-Why FSDP1 has a term of its own (read in torch 2.13.0's sources, and held to the installed
-torch by ``tests/test_fit_reserve.py``; on the CPU ``record_stream`` is a no-op,
-``fsdp/_common_utils.py`` ``_no_dispatch_record_stream``, so no CPU test can show it): FSDP1 all-gathers each unit into a flat parameter allocated while its unshard stream is
-current (``fsdp/_runtime_utils.py`` lines 263 and 304-305; ``fsdp/_flat_param.py`` 1381 and
-1408), so the block belongs to that stream's pool: "the CUDA caching allocator guarantees that
-the memory will only be reused with the same creation stream" (``Tensor.record_stream``'s
-docstring). It frees the unit with ``record_stream`` on the compute stream
-(``_flat_param.py`` 1818-1821), and records each unsharded gradient on the post-backward stream
-before the reduce-scatter (``_runtime_utils.py`` 772-773): the allocator then cannot reuse those
-blocks until a later allocation polls that the recorded work is done, and "can potentially
-race with side stream computation and non-deterministically reuse or fail to reuse memory"
-(the same docstring). The rate limiter bounds this to two units in flight
-(``_limiter_utils.py`` line 15). FSDP2 also all-gathers on a side stream, but copies the
-output into parameters allocated on the compute stream and frees by events, with no
-``record_stream`` (``_fully_shard/_fsdp_collectives.py`` ``foreach_all_gather_copy_out``;
-RFC pytorch/pytorch#114299: FSDP1, fairscale and DeepSpeed ZeRO "use recordStream";
-per-parameter sharding "uses manual synchronization instead since doing so can
-deterministically achieve the desired memory usage"). One GPU runs its step on one stream;
+Why FSDP1 has a term of its own (read in torch 2.13.0's sources, and held to the installed torch
+by ``tests/test_fit_reserve.py``; on the CPU ``record_stream`` is a no-op,
+``fsdp/_common_utils.py`` ``_no_dispatch_record_stream``, so no CPU test can show it): FSDP1
+all-gathers each unit into a flat parameter allocated while its unshard stream is current
+(``fsdp/_runtime_utils.py`` lines 263 and 304-305; ``fsdp/_flat_param.py`` 1381 and 1408), so
+the block belongs to that stream's pool: "the CUDA caching allocator guarantees that the memory
+will only be reused with the same creation stream" (``Tensor.record_stream``'s docstring). It
+frees the unit with ``record_stream`` on the compute stream (``_flat_param.py`` 1818-1821), and
+records each unsharded gradient on the post-backward stream before the reduce-scatter
+(``_runtime_utils.py`` 772-773): the allocator then cannot reuse those blocks until a later
+allocation polls that the recorded work is done, and "can potentially race with side stream
+computation and non-deterministically reuse or fail to reuse memory" (the same docstring). The
+rate limiter bounds this to two units in flight (``_limiter_utils.py`` line 15). FSDP2 also
+all-gathers on a side stream, but copies the output into parameters allocated on the compute
+stream and frees by events, with no ``record_stream`` (``_fully_shard/_fsdp_collectives.py``
+``foreach_all_gather_copy_out``; RFC pytorch/pytorch#114299: FSDP1, fairscale and DeepSpeed ZeRO
+"use recordStream"; per-parameter sharding "uses manual synchronization instead since doing so
+can deterministically achieve the desired memory usage"). One GPU runs its step on one stream;
 DDP's Python side calls no ``record_stream`` (``nn/parallel/distributed.py``; its C++ reducer
-and NCCL's own stream were not read). The mechanism says why FSDP1 reserves more and less predictably, not
-by how much: the size is the published pairs' median, and the band their range. Against it:
-torchtune saw reserved memory rise a little when its LoRA recipe moved from FSDP1 to FSDP2
-(torchtune PR 1517, with the LoRA weights no longer wrapped apart), and no published FSDP2
+and NCCL's own stream were not read). The mechanism says why FSDP1 reserves more and less
+predictably, not by how much: the size is the published pairs' median, and the band their range.
+Against it: torchtune saw reserved memory rise a little when its LoRA recipe moved from FSDP1 to
+FSDP2 (torchtune PR 1517, with the LoRA weights no longer wrapped apart), and no published FSDP2
 pair counts yet to say where FSDP2's reserve lies.
 """
 
