@@ -5,8 +5,9 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``inputs``: the names people type for the knobs (``bf16``, ``adam``, ``selective``), no torch
 - ``presets``: models by name (with each shape's config.json source) or by config.json, no torch
 - ``cards``: GPU cards as programs see them, and sizes (``24GB``), no torch
-- ``reserve_pairs``: published peak reserved / allocated pairs and the rules that count them
-- ``headroom``: the CUDA context and the allocator's reserve, each with its source
+- ``reserve_pairs``: published peak reserved / allocated pairs, each with its profile, and the
+  rules that count them
+- ``headroom``: the CUDA context and the allocator's reserve (one per profile), with sources
 - ``shapes``: the model's ``DecoderConfig`` and its parameter counts (by formula, no torch)
 - ``states``: weights, gradients, master weights, optimizer state (8-bit, LoRA, QLoRA)
 - ``activations``: one block and the head on fake tensors (checkpointing, LoRA, chunked loss)

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fit: {err}", file=sys.stderr)
         return 2
     from .advice import advise  # torch only where no formula is written
-    from .headroom import HEADROOM
+    from .headroom import headroom_for
     from .peak import will_it_fit
 
     try:
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Read as: {name}, {inputs.RECIPES[report.precision]}, {report.optimizer}.")
     print(report)
     if report.headroom:
-        for term in HEADROOM:
+        for term in headroom_for(report.sharding, report.n_gpus):
             print(f"  ({term.name}: {term.source})")
             if term.band is not None:
                 low, high = (f * report.peak_bytes for f in term.band)

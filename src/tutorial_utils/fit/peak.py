@@ -37,7 +37,7 @@ from ..decoder_config import DecoderConfig
 from ..units import format_bytes
 from . import cards, inputs
 from .activation_formulas import activations, same_module
-from .headroom import HEADROOM
+from .headroom import headroom_for
 from .profiles import Mesh, spread, tp_block_held
 from .report import FitReport
 from .shapes import config, counts
@@ -309,7 +309,8 @@ def will_it_fit(
         "step temporaries": temps_now,
     }
     peak = sum(categories.values())
-    kept = {t.name: t.bytes_for(peak) for t in HEADROOM} if headroom else {}
+    terms = headroom_for(sharding, n_gpus)  # the CUDA context and the profile's reserve
+    kept = {t.name: t.bytes_for(peak) for t in terms} if headroom else {}
     formula = _formula_total(
         cfg,
         c.total,

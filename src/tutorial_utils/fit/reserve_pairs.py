@@ -6,7 +6,7 @@ the tensors at the peak: ``torch.cuda.max_memory_reserved()`` over
 found in public logs, with where it was printed, and decides which of them may stand behind
 the calculator's term. It imports no torch.
 
-The rules were written down before any pair was weighed against the published-rows table
+Rules 1 to 6 were written down before any pair was weighed against the published-rows table
 (``tests/test_fit_published.py``). A pair counts when all of these hold:
 
 1. The device is an NVIDIA GPU (CUDA). MPS, XLA, XPU, NPU and Gaudi are left out: on some of
@@ -22,20 +22,31 @@ The rules were written down before any pair was weighed against the published-ro
    language model (the family the calculator models; not an encoder, not a mixture of
    experts).
 6. The allocator runs with its defaults (not ``expandable_segments``) where the source says.
+7. How the run spread over its GPUs (``PROFILES``: one GPU, DDP, FSDP1, FSDP2, ZeRO, other) is
+   decided from its source's code or text, never from its ratio (``profile_from`` says what
+   decided it), and the pair counts only for that profile. Rule 7 was added on 2026-12-07,
+   after the pairs had been weighed; it excludes none of the pairs that counted before it, and
+   it is why the term is one per profile (``fit.headroom``: FSDP1 frees each all-gathered unit
+   with ``record_stream`` from a stream of its own; one GPU, DDP and FSDP2 do not).
 
-One pair per run: the last step line the source prints (or its only summary). The term is
-the median over the pairs that count of ``reserved / allocated - 1``, with their range as a
-band; with fewer than ``MIN_PAIRS`` pairs, ``fit.headroom`` keeps an assumed fraction and
-says how many pairs it found.
+One pair per run: the last step line the source prints (or its only summary). Each profile's
+term is the median over its counted pairs of ``reserved / allocated - 1``, with their range as
+a band; with fewer than ``MIN_PAIRS`` pairs, ``fit.headroom`` keeps an assumed fraction for
+that profile and says how many pairs it found.
 
 Found so far (searched 2026-12-07: GitHub issues and pull requests, tutorials and blog
-posts): 3 pairs count, all CUDA training runs of Llama-family models under FSDP, at +42.9 %,
-+55.6 % and +79.5 %. Fewer than 5, so the term stays an assumption. Where the figures are
-whole GiB (llama-recipes' ``MemoryTrace`` truncates with ``int``), the ratio is that of the
-printed numbers; the truncation alone allows +36 to +48 % and +47 to +61 % for those two.
-Seen but not recorded, because we could not name the page they are on: three llama-recipes
-logs in committed files (31 / 42, 9 / 12 and 19 / 20 GB). Named in the task but not found in
-our search: WeatherGenerator's PR 2628 (a weather model, which rule 5 would leave out).
+posts): 5 pairs count, all FSDP1: CUDA training runs of Llama-family models, at +11.6 %,
++23.7 %, +42.9 %, +55.6 % and +79.5 %: llama-recipes' FSDP runs, Liger's Medusa example and
+Answer.AI's two LoRA runs on 2 RTX 3090s (context 512 and 2048). That is 5, so FSDP1's term is
+their median, +42.9 %, with the band +11.6 to +79.5 %; no pair counts for any other profile.
+The two Answer.AI pairs are on the page that gives held-out rows of the published table: those
+rows compare the same runs' allocated figures (which the reserve does not touch), and its
+reserved rows are other runs of the same script. Where the figures are whole GiB
+(llama-recipes' ``MemoryTrace`` truncates with ``int``), the ratio is that of the printed
+numbers; the truncation alone allows +36 to +48 % and +47 to +61 % for those two. Seen but not
+recorded, because we could not name the page they are on: three llama-recipes logs in
+committed files (31 / 42, 9 / 12 and 19 / 20 GB). Named in the task but not found in our
+search: WeatherGenerator's PR 2628 (a weather model, which rule 5 would leave out).
 """
 
 from __future__ import annotations
@@ -44,10 +55,32 @@ import re
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["COUNTED", "MIN_PAIRS", "PAIRS", "ReservePair", "excluded_because", "summary"]
+__all__ = [
+    "COUNTED",
+    "MIN_PAIRS",
+    "PAIRS",
+    "PROFILES",
+    "ReservePair",
+    "counted",
+    "excluded_because",
+    "summary",
+]
 
 #: fewer counted pairs than this and the reserve stays an assumption (fit.headroom)
 MIN_PAIRS = 5
+
+#: How a run spread over its GPUs, as rule 7 records it (the key) and says it (the value):
+#: FSDP1 is FullyShardedDataParallel under any ShardingStrategy, FSDP2 is fully_shard, "other"
+#: another library's own parallelism (Megatron-LM, NeMo) or a prototype.
+PROFILES = {
+    "single": "one GPU",
+    "ddp": "DDP",
+    "fsdp1": "FSDP1",
+    "fsdp2": "FSDP2",
+    "zero": "DeepSpeed ZeRO",
+    "other": "other",
+    "unknown": "not said",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,8 @@ class ReservePair:
     eager: bool = True
     family: str = "decoder"  # "decoder", "encoder", "moe", "unnamed"
     allocator: str = "default"  # "default" or "expandable_segments"
+    profile: str = "unknown"  # how the run spread over GPUs (PROFILES), read from its source
+    profile_from: str = ""  # the code or text that decides ``profile``
     note: str = ""
 
     @property
@@ -93,12 +128,44 @@ def excluded_because(pair: ReservePair) -> str:
         return f"rule 5: {pair.family}, not a named dense decoder-only model"
     if pair.allocator != "default":
         return f"rule 6: {pair.allocator}"
+    if pair.profile not in PROFILES or pair.profile == "unknown" or not pair.profile_from:
+        return "rule 7: the source does not say how the run spread over its GPUs"
     return ""
+
+
+def counted(profile: str) -> tuple[ReservePair, ...]:
+    """The pairs that count (``COUNTED``) and ran under ``profile`` (one of ``PROFILES``)."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+    return tuple(pair for pair in COUNTED if pair.profile == profile)
 
 
 _LLAMA_RECIPES_TRACE = (
     "llama-recipes' MemoryTrace around one epoch: max_memory_allocated and "
     "max_memory_reserved as int(bytes / 2**30), printed by rank 0"
+)
+
+_LLAMA_RECIPES_FSDP1 = (
+    "llama-recipes' finetuning.py with --enable_fsdp wraps the model in FullyShardedDataParallel "
+    "(limit_all_gathers=True; src/llama_recipes/finetuning.py, read at 0e1e94b)"
+)
+
+_ANSWERAI = (
+    "fsdp_qlora train.py --model_name meta-llama/Llama-2-7b-hf --batch_size 1 --context_length "
+    "{seq} --train_type lora --use_gradient_checkpointing True --reentrant_checkpointing True "
+    "--use_cpu_offload False --dataset dummy --dataset_samples 1024 (the page's template), "
+    "eager, 2 GPUs"
+)
+_ANSWERAI_FSDP1 = (
+    "train.py wraps the model in FullyShardedDataParallel (imported as FSDP, line 40 at 50efa1e) "
+    "with --sharding_strategy's default full_shard (FULL_SHARD) and limit_all_gathers=True"
+)
+_ANSWERAI_PEAKS = (
+    "train.py (from 50efa1e, 2024-03-26, 'print reserved memory, log allocated & reserved') "
+    "resets the peaks before the first epoch and after it reads max_memory_allocated and "
+    "max_memory_reserved on rank 0, / 2**30; the table shows the reserved one, the note under "
+    "it the allocated one. Held-out rows of tests/test_fit_published.py compare this run's "
+    "allocated figure, which the reserve does not touch"
 )
 
 PAIRS = (
@@ -114,6 +181,8 @@ PAIRS = (
         unit="GiB, truncated",
         quote="Max CUDA memory allocated was 21 GB\nMax CUDA memory reserved was 30 GB",
         note=_LLAMA_RECIPES_TRACE,
+        profile="fsdp1",
+        profile_from=_LLAMA_RECIPES_FSDP1,
     ),
     ReservePair(
         url="https://github.com/meta-llama/llama-cookbook/pull/206",
@@ -128,6 +197,8 @@ PAIRS = (
         unit="GiB, truncated",
         quote="Max CUDA memory allocated was 18 GB\nMax CUDA memory reserved was 28 GB",
         note=_LLAMA_RECIPES_TRACE,
+        profile="fsdp1",
+        profile_from=_LLAMA_RECIPES_FSDP1,
     ),
     ReservePair(
         url="https://github.com/linkedin/Liger-Kernel/pull/110",
@@ -144,6 +215,44 @@ PAIRS = (
         note="examples/medusa/callback.py resets the peaks at each step's start and reads "
         "max_memory_allocated and max_memory_reserved at its end; the lines at epochs 1.0, "
         "1.5 and 2.0 (the last shown in full) print the same figures",
+        profile="fsdp1",
+        profile_from="examples/medusa/fsdp/acc-fsdp.conf: distributed_type FSDP with "
+        "fsdp_sharding_strategy "
+        "HYBRID_SHARD (a ShardingStrategy of FullyShardedDataParallel; fully_shard has none) "
+        "and no fsdp_version, under accelerate==0.29.3 (examples/medusa/requirements.txt), "
+        "whose FSDP plugin wraps FullyShardedDataParallel",
+    ),
+    ReservePair(
+        url="https://github.com/AnswerDotAI/fsdp_qlora/blob/4cd6923/benchmarks_03_2024.md",
+        date="2024-05-03 (runs of February and March 2024)",
+        hardware="2x RTX 3090 24GB (no NVLink)",
+        model="Llama 2 7B (LoRA)",
+        recipe=_ANSWERAI.format(seq=512),
+        allocated="8.28",
+        reserved="10.24",
+        unit="GiB",
+        quote="|    LoRA    |      512       |       10.24       |  2,597   | ... NB: While the "
+        "reported peak reserved memory for both 512 and 2048 context length is roughly the "
+        "same, the peak allocated memory is 8.28 GiB vs 9.16 GiB, respectively.",
+        profile="fsdp1",
+        profile_from=_ANSWERAI_FSDP1,
+        note=_ANSWERAI_PEAKS,
+    ),
+    ReservePair(
+        url="https://github.com/AnswerDotAI/fsdp_qlora/blob/4cd6923/benchmarks_03_2024.md",
+        date="2024-05-03 (runs of February and March 2024)",
+        hardware="2x RTX 3090 24GB (no NVLink)",
+        model="Llama 2 7B (LoRA)",
+        recipe=_ANSWERAI.format(seq=2048),
+        allocated="9.16",
+        reserved="10.22",
+        unit="GiB",
+        quote="|    LoRA    |      2048      |       10.22       |  3,090   | ... NB: While the "
+        "reported peak reserved memory for both 512 and 2048 context length is roughly the "
+        "same, the peak allocated memory is 8.28 GiB vs 9.16 GiB, respectively.",
+        profile="fsdp1",
+        profile_from=_ANSWERAI_FSDP1,
+        note=_ANSWERAI_PEAKS,
     ),
     # --- the pairs that do not --------------------------------------------------------------
     ReservePair(
@@ -159,6 +268,8 @@ PAIRS = (
         "peak_memory_reserved:57.90928649902344",
         device="mps",
         note="on MPS torchtune reports driver-allocated memory for both",
+        profile="single",
+        profile_from="the recipe: full_finetune_single_device",
     ),
     ReservePair(
         url="https://github.com/meta-pytorch/torchtune/pull/2605",
@@ -171,6 +282,10 @@ PAIRS = (
         unit="GiB",
         quote="Step 5 | ... peak_memory_alloc:14.54538631439209 peak_memory_reserved:28.7265625",
         device="xpu",
+        profile="fsdp2",
+        profile_from="full_finetune_distributed, which torchtune moved to fully_shard in 2024-09 "
+        "(PR 1536: "
+        "'Last recipe to move to FSDP2')",
     ),
     ReservePair(
         url="https://github.com/meta-llama/llama-cookbook/pull/41",
@@ -183,6 +298,8 @@ PAIRS = (
         unit="GB",
         quote="this only uses 15.22 GB peak active memory and 19.36 GB peak reserved memory",
         counters="active",
+        profile="fsdp1",
+        profile_from=_LLAMA_RECIPES_FSDP1,
     ),
     ReservePair(
         url="https://github.com/meta-llama/llama-cookbook/pull/165",
@@ -195,6 +312,10 @@ PAIRS = (
         unit="GB",
         quote="- Peak active: 14.93 GB\n- Peak reserved: 19.52 GB",
         counters="active",
+        profile="other",
+        profile_from="the PR: 'The numbers from a prototype FSDP implementation' (its memory "
+        "snapshots are "
+        "named snapshot_7b_perparam_8gpus: per-parameter sharding, before FSDP2's RFC)",
     ),
     ReservePair(
         url="https://github.com/NVIDIA/Megatron-LM/issues/60",
@@ -209,6 +330,8 @@ PAIRS = (
         "12606.06201171875 | reserved: 17482.0 | max reserved: 17482.0",
         moment="no step",
         note="'number of skipped iterations: 5': the loss scaler skipped every optimizer step",
+        profile="other",
+        profile_from="Megatron-LM's own model and data parallelism",
     ),
     ReservePair(
         url="https://github.com/NVIDIA-NeMo/Speech/issues/14850",
@@ -222,6 +345,8 @@ PAIRS = (
         quote="iteration 11/29 | ... | max_memory_reserved: 57675874304 | max_memory_allocated: "
         "53930270720",
         family="moe",
+        profile="other",
+        profile_from="NeMo's Megatron-core parallelism",
     ),
     ReservePair(
         url="https://github.com/princeton-nlp/LLM-Shearing/issues/24",
@@ -237,6 +362,9 @@ PAIRS = (
         moment="no working step",
         note="the reporter: the loss stays at 10.375, 'it seems that the gradient is not "
         "calculated and it is not training normally'",
+        profile="fsdp1",
+        profile_from="the recipe: Composer's FSDP, in 2023, before FSDP2's per-parameter sharding "
+        "(RFC pytorch#114299, 2023-11): torch's FSDP was the flat-parameter one",
     ),
     ReservePair(
         url="https://github.com/huggingface/peft/issues/1469",
@@ -250,6 +378,8 @@ PAIRS = (
         unit="GiB",
         quote="'peak_memory_alloc': 0.7242832183837891, 'peak_memory_reserved': 1.9453125",
         family="encoder",
+        profile="single",
+        profile_from="a single-process notebook (LoRA.ipynb)",
     ),
     ReservePair(
         url="https://github.com/huggingface/peft/issues/1469",
@@ -263,6 +393,8 @@ PAIRS = (
         quote="'peak_memory_alloc': 1.5451140403747559, 'peak_memory_reserved': 3.33984375",
         family="encoder",
         note="the thread's third model, bloomz-560m, is cut off in what we could read",
+        profile="single",
+        profile_from="a single-process notebook (LoRA.ipynb)",
     ),
     ReservePair(
         url="https://github.com/pytorch/pytorch/issues/40989",
@@ -288,6 +420,7 @@ PAIRS = (
         unit="GB",
         quote="Train memory/allocated_mem: 3.8951 ... Train memory/reserved_mem: 13.5500",
         counters="current",
+        profile="unknown",
     ),
     ReservePair(
         url="https://github.com/foundation-model-stack/fms-acceleration/pull/14",
@@ -301,6 +434,8 @@ PAIRS = (
         quote="| 29.03 | 26.11 | 15.12 | 3597",
         counters="nvidia-smi",
         note="'peak nvidia mem reserved' polls nvidia-smi (the PR's first method)",
+        profile="single",
+        profile_from="the row: 1 GPU",
     ),
     ReservePair(
         url="https://github.com/PrimeIntellect-ai/prime-rl/pull/1126",
@@ -313,6 +448,7 @@ PAIRS = (
         unit="GiB",
         quote="before ... Peak Mem.: 5.2/23.7 GiB ... after ... Peak Mem.: 7.8/23.7 GiB",
         counters="two runs",
+        profile="unknown",
     ),
     ReservePair(
         url="https://github.com/meta-pytorch/torchtune/issues/1398",
@@ -325,6 +461,8 @@ PAIRS = (
         unit="GiB",
         quote="GPU peak memory allocation: 6.19 GiB\n        GPU peak memory reserved: 6.27 GiB",
         moment="init",
+        profile="single",
+        profile_from="the recipe: lora_finetune_single_device",
     ),
     ReservePair(
         url="https://github.com/meta-pytorch/torchtune/pull/1909",
@@ -337,6 +475,8 @@ PAIRS = (
         unit="GiB",
         quote="GPU peak memory allocation: 2.52 GiB\n        GPU peak memory reserved: 2.56 GiB",
         moment="init",
+        profile="single",
+        profile_from="the recipe: lora_finetune_single_device",
     ),
     ReservePair(
         url="https://github.com/meta-pytorch/torchtune/pull/389",
@@ -351,6 +491,7 @@ PAIRS = (
         "Reserved: 28.14 GB",
         moment="init",
         counters="current",
+        profile="unknown",
     ),
     ReservePair(
         url="https://github.com/sgl-project/sglang/pull/18865",
@@ -363,6 +504,7 @@ PAIRS = (
         unit="MB",
         quote='"peak_allocated_mb": 53044.04,\n      "peak_reserved_mb": 62406.0',
         moment="inference",
+        profile="unknown",
     ),
     ReservePair(
         url="https://github.com/pytorch/torchtune/blob/0914d5cfb/docs/source/tutorials/"
@@ -377,6 +519,8 @@ PAIRS = (
         quote="13.98 against 13.96 GB",
         moment="init",
         note="read by an earlier session (the figures fit.headroom cited before)",
+        profile="single",
+        profile_from="the recipe: lora_finetune_single_device",
     ),
     ReservePair(
         url="https://github.com/pytorch/torchtune/blob/0cd8bc4ca/docs/source/tutorials/"
@@ -391,6 +535,8 @@ PAIRS = (
         quote="6.27 against 6.21 GiB",
         moment="init",
         note="read by an earlier session (the figures fit.headroom cited before)",
+        profile="single",
+        profile_from="the recipe: lora_finetune_single_device",
     ),
 )
 

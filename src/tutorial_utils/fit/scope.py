@@ -14,8 +14,8 @@ import inspect
 from dataclasses import dataclass
 
 from ..decoder_config import DecoderConfig
-from . import cards, inputs, presets
-from .headroom import HEADROOM
+from . import cards, inputs, presets, reserve_pairs
+from .headroom import ASSUMED_RESERVE, CONTEXT, RESERVES
 from .peak import will_it_fit
 from .report import COMPILE_BAND
 
@@ -91,7 +91,8 @@ def moments() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def table() -> Scope:
     """The table, read from the package as it is now."""
     reported = [name for name, card in cards.CARDS.items() if card.reported_mib]
-    context, reserve = HEADROOM
+    sourced = {p: t for p, t in RESERVES.items() if t.band is not None}
+    assumed = [reserve_pairs.PROFILES[p] for p, t in RESERVES.items() if t.band is None]
     low, high = COMPILE_BAND
     every, only_qlora = moments()
     qlora = f"; under QLoRA also {', '.join(only_qlora)}" if only_qlora else ""
@@ -113,7 +114,11 @@ def table() -> Scope:
             f"{len(reported)} of {len(cards.CARDS)} at the total nvidia-smi reports "
             f"({', '.join(reported)}); the rest at their spec sheet, labelled",
         ),
-        (context.name, "a fixed term: its figure and source in notebook 00, section 3"),
+        (CONTEXT.name, "a fixed term: its figure and source in notebook 00, section 3"),
+        *(
+            (f"allocator reserve, {reserve_pairs.PROFILES[p]}", t.source)
+            for p, t in sourced.items()
+        ),
     )
     not_modelled = (
         (
@@ -121,11 +126,18 @@ def table() -> Scope:
             f"eager mode only: published compiled runs peaked at {low:.0%} to {high:.0%} of "
             "the same run in eager mode, shown as a band (FitReport.compile_band)",
         ),
-        ("allocator reserve", reserve.source),
+        (
+            "allocator reserve, other profiles",
+            f"an ASSUMED {ASSUMED_RESERVE:.0%} of the tensors' peak under "
+            f"{', '.join(assumed[:-1])} and {assumed[-1]}: "
+            "no published pair of max_memory_reserved and max_memory_allocated counts for "
+            "them (fit.reserve_pairs); measure yours",
+        ),
         (
             "some QLoRA and FSDP1 runs",
-            "published peaks more than 10 % above the answer (QLoRA's; FSDP1's without no_sync, "
-            "not identified): tests/test_fit_published.py names the term each one lacks",
+            "published peaks more than 10 % off the answer: QLoRA's above it; FSDP1's reserved "
+            "peaks below it, where FSDP1's reserve (its pairs' median) is more than the run "
+            "kept: tests/test_fit_published.py names the term each one lacks",
         ),
         (
             "paged AdamW (8-, 32-bit)",
