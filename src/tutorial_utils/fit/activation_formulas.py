@@ -16,7 +16,8 @@ shapes and asserts the formula equals it, to the byte.
 Where no formula is written, the pass runs (torch is imported then): cross-entropy in chunks
 (each chunk's size is rounded up), explicit attention (its s x s scores are not a multiple of
 the tokens), any other block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base
-or with dropout, and any case the tool could not solve (``activation_terms.MISSING``).
+or with dropout, litgpt's block under grouped queries, and any case the tool could not solve
+(``activation_terms.MISSING``).
 """
 
 from __future__ import annotations
@@ -141,14 +142,23 @@ def evaluate(terms, less: str, feats: tuple[int, ...], known) -> int:
     return total if less == "nothing" else max(0, total - subtracted(known, less))
 
 
-def _case(cfg: DecoderConfig, precision: str, checkpointing: str, lora, ce_chunks: int, block: str):
+def _case(
+    cfg: DecoderConfig,
+    precision: str,
+    checkpointing: str,
+    lora,
+    ce_chunks: int,
+    block: str = "course",
+):
     """The key of ``activation_terms.TERMS`` for this question, or None (no formula). litgpt's
     block is a family of its own (``rms-swiglu-litgpt``)."""
     family = {("rms", "swiglu", False): "rms-swiglu", ("layer", "gelu", True): "layer-gelu"}
     name = family.get((cfg.norm, cfg.mlp, cfg.bias))
     if name is None or cfg.attention != "sdpa" or ce_chunks != 1:
         return None
-    if block == "litgpt":
+    if block == "litgpt":  # solved for one kv head per query head: GQA's reshapes copy
+        if cfg.kv_heads != cfg.n_heads:
+            return None
         name += "-litgpt"
     if lora is not None and (lora.base != "bf16" or getattr(lora, "dropout", 0)):
         return None  # solved for adapters on a bf16 base without dropout only

@@ -13,6 +13,7 @@ With LoRA the block's linears are frozen and each adapted one gains A and B (``_
 torchtune's LoRALinear, with its dropout when the recipe has one): what autograd saves then is
 what a LoRA step saves. Under QLoRA each frozen linear stores its weight in NF4 and makes a bf16
 copy for every matmul, forward and backward (``_Nf4Linear``), the way the recipe's library does.
+With ``block="litgpt"`` the block is ``litgpt_block.LitgptBlock``: what litgpt 8641822's saves.
 """
 
 from __future__ import annotations
