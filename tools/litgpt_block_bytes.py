@@ -5,19 +5,21 @@
 Why: the calculator's ``block="litgpt"`` re-creates what litgpt's block saves for backward
 (``fit.litgpt_block``) without importing litgpt, which CI cannot. This tool is the one place
 litgpt's own code runs: it reads ``lit_gpt/{model,lora,config,rmsnorm}.py`` from a clone at the
-commit (``git show``, into a temporary folder; nothing of litgpt enters the repository), imports
-them with stubs for the three names they need from Lightning (``RequirementCache``,
-``find_multiple``, ``map_old_state_dict_weights``: none is called in a block's forward),
-builds ``lit_gpt.lora.Block`` as ``finetune/lora.py`` at that commit configured it (LoRA r=8,
-alpha 16, dropout 0.05 on query and value; ``bf16-true``: every weight bf16; the RoPE cache
-fp32, as ``model.max_seq_length = longest_seq_length`` rebuilds it outside ``init_module``),
-and books one forward and backward with ``fit.activations._fake_pass``, the same books as the
-calculator's own block. Two stand-ins, as the calculator's own block has them: ``nn.Dropout``
-runs CUDA's fused kernel (``torch.native_dropout``, a bool mask; on a CPU ``F.dropout`` keeps
-a mask in the input's dtype), and under QLoRA (``--base bnb-nf4``) every ``nn.Linear`` is
-``fit.activations._Nf4Linear("bnb")`` (Lightning's ``BitsandbytesPrecision`` replaces them all
-with bitsandbytes' ``Linear4bit``). flash-attn is not installed (``FlashAttention2Available``
-False): SDPA, as the calculator's block.
+commit (``git show``, into a temporary folder; nothing of litgpt enters the repository) and
+imports them with stubs for the three names they take from ``lit_gpt/utils.py`` (which imports
+Lightning) and ``lightning_utilities`` (``find_multiple``, ``map_old_state_dict_weights``,
+``RequirementCache``: none is called in a block's forward). It builds ``lit_gpt.lora.Block`` as
+``finetune/lora.py`` at that commit configured it (LoRA r=8, alpha 16, dropout 0.05 on query
+and value, or the other targets; ``lit_gpt.model.Block`` for a full fine-tune; ``bf16-true``:
+every weight bf16; the RoPE cache fp32, as ``model.max_seq_length = longest_seq_length``
+rebuilds it outside ``init_module``: were it the fp16 cache built inside, bf16 times fp16 would
+promote to fp32 all the same) and books one forward and backward with
+``fit.activations._fake_pass``, the calculator's own books. Two stand-ins, as the calculator's
+own block has them: ``nn.Dropout`` runs CUDA's fused kernel (``torch.native_dropout``, a bool
+mask; on a CPU ``F.dropout`` keeps a mask in the input's dtype), and under QLoRA (the shapes on
+a ``bnb-nf4`` base) every ``nn.Linear`` is ``fit.activations._Nf4Linear("bnb")`` (Lightning's
+``BitsandbytesPrecision`` replaces them all with bitsandbytes' ``Linear4bit``). flash-attn is
+not installed (``FlashAttention2Available`` False): SDPA, as the calculator's block.
 
 It prints one line per shape: litgpt's Pass, the re-creation's, and the course's block's;
 ``tests/test_fit_litgpt_block.py`` records litgpt's figures with the commit.
