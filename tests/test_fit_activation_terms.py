@@ -94,6 +94,8 @@ def test_litgpts_block_by_formula_equals_its_pass():
             ("pure-bf16", "full", Lora(8, "qv")),
             ("bf16-master", "none", None),
             ("bf16-master", "every-second-matmul", Lora(16, "all")),
+            ("autocast-bf16", "none", None),  # the CLI's default recipe
+            ("autocast-bf16", "full", Lora(16, "attention")),
         ):
             formula = af.by_formula(cfg, batch, seq, precision, ckpt, lora, block="litgpt")
             if formula is None:  # no formula for this case: the calculator runs the pass
@@ -123,6 +125,9 @@ def test_the_common_questions_have_a_formula():
             assert ("rms-swiglu", head, "autocast", ckpt, "attention") in TERMS, (head, ckpt)
         assert ("rms-swiglu", head, "bf16-module", "none", "attention") in TERMS, head
     assert ("layer-gelu", "untied", "autocast", "none", "none") in TERMS
+    for recipe in ("autocast", "bf16-module"):  # litgpt's block (block="litgpt")
+        for targets in ("none", "qv"):
+            assert ("rms-swiglu-litgpt", "untied", recipe, "none", targets) in TERMS
     assert not set(TERMS) & {tuple(m[:5]) for m in MISSING}
 
 
