@@ -82,6 +82,34 @@ def test_the_formula_equals_the_fake_tensor_pass_on_real_shapes(name):
         assert answered >= len(FAMILIES[name]), f"{name}: no case was checked"
 
 
+@pytest.mark.heavy
+def test_litgpts_block_by_formula_equals_its_pass():
+    """``block="litgpt"`` (the ``rms-swiglu-litgpt`` family, solved for one kv head per query
+    head) on Llama 2 7B and 13B, the shapes litgpt's resource tables ran, to the byte."""
+    answered = 0
+    for name, batch, seq in (("llama-2-7b", 1, 1304), ("llama-2-13b", 2, 512)):
+        cfg = shapes.config(name)[1]
+        for precision, ckpt, lora in (
+            ("pure-bf16", "none", Lora(8, "qv")),
+            ("pure-bf16", "full", Lora(8, "qv")),
+            ("bf16-master", "none", None),
+            ("bf16-master", "every-second-matmul", Lora(16, "all")),
+            ("autocast-bf16", "none", None),  # the CLI's default recipe
+            ("autocast-bf16", "full", Lora(16, "attention")),
+        ):
+            formula = af.by_formula(cfg, batch, seq, precision, ckpt, lora, block="litgpt")
+            if formula is None:  # no formula for this case: the calculator runs the pass
+                continue
+            fake.activations.cache_clear()
+            truth = fake.activations(
+                cfg, batch, seq, af.same_module(precision), ckpt, lora, block="litgpt"
+            )
+            assert _moments(*formula) == _moments(*truth), (name, batch, seq, precision, ckpt)
+            answered += 1
+    if any(key[0] == "rms-swiglu-litgpt" for key in TERMS):
+        assert answered, "no litgpt case was checked"
+
+
 def test_the_common_questions_have_a_formula():
     """The CLI's default recipe (autocast) and bf16 weights, under every checkpointing mode the
     advice tries, for the Llama-style heads, untied (Llama 3.1 8B/70B/405B, Llama 2, Mistral,
@@ -97,6 +125,9 @@ def test_the_common_questions_have_a_formula():
             assert ("rms-swiglu", head, "autocast", ckpt, "attention") in TERMS, (head, ckpt)
         assert ("rms-swiglu", head, "bf16-module", "none", "attention") in TERMS, head
     assert ("layer-gelu", "untied", "autocast", "none", "none") in TERMS
+    for recipe in ("autocast", "bf16-module"):  # litgpt's block (block="litgpt")
+        for targets in ("none", "qv"):
+            assert ("rms-swiglu-litgpt", "untied", recipe, "none", targets) in TERMS
     assert not set(TERMS) & {tuple(m[:5]) for m in MISSING}
 
 
@@ -111,6 +142,8 @@ def test_no_formula_where_the_pass_decides():
     assert af._case(dataclasses.replace(cfg, attention="explicit"), "fp32", "none", None, 1) is None
     odd = dataclasses.replace(cfg, norm="layer")
     assert af.by_formula(odd, 1, 512, "autocast-bf16", "none") is None
+    # litgpt's block under grouped queries (Llama 3.2 1B: 32 query heads over 8): its reshapes copy
+    assert af.by_formula(cfg, 1, 512, "bf16-master", "none", block="litgpt") is None
 
 
 @pytest.mark.parametrize("name", presets.PRESETS)

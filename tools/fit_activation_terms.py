@@ -19,6 +19,10 @@ booked the same operators in the same order give, at each booking, a sum solved 
 them; the field is the largest of the sums that reach some row's peak and exceed none.
 ``tests/test_fit_activation_terms.py`` checks them again against the pass on every preset
 family's real shapes (Llama, Mistral, Qwen2, Gemma, GPT-2), to the byte.
+
+``rms-swiglu-litgpt`` is litgpt 8641822's Llama block (``block="litgpt"``, ``fit.litgpt_block``)
+with one kv head per query head (under grouped queries its reshapes copy: the pass answers);
+``--only rms-swiglu-litgpt`` solves its 64 cases alone (about 30 minutes on 2 loaded cores).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ RECIPES = {"autocast": "autocast-bf16", "bf16-module": "bf16-master", "fp32": "f
 #: of several sums (one per moment of the backward): ``traced`` finds each moment's sum.
 CHECKPOINTING = ("none", "full", "every-second-matmul", "every-matmul")
 LORA = ("none", "attention", "qv", "all")
-FAMILIES = ("rms-swiglu", "layer-gelu")
+FAMILIES = ("rms-swiglu", "layer-gelu", "rms-swiglu-litgpt")  # the last: block="litgpt"
 ROWS = 48
 
 
@@ -56,6 +60,20 @@ def random_config(family: str, head: str, rng: random.Random) -> DecoderConfig:
     head_dim = rng.choice([4, 8, 16])
     groups = rng.choice([1, 2, heads])
     h = heads * head_dim
+    if family == "rms-swiglu-litgpt":  # litgpt's Llama block: heads span d_model, no biases;
+        return DecoderConfig(  # one kv head per query head (its reshapes copy under GQA: the pass)
+            vocab=rng.choice([8, 16, 32]) * h + rng.choice([0, 5]),
+            d_model=h,
+            n_layers=1,
+            n_heads=heads,
+            n_kv_heads=heads,
+            d_ff=rng.choice([2, 3, 4]) * h + rng.choice([0, 8]),
+            norm="rms",
+            mlp="swiglu",
+            bias=False,
+            tied=head == "tied",
+            max_positions=0,
+        )
     if family == "rms-swiglu":
         d_head = rng.choice([None, None, head_dim * 2])  # Gemma: d_head x heads != d_model
         return DecoderConfig(
@@ -289,7 +307,8 @@ def main() -> None:
     # tied Llama-style heads (Llama 3.2 1B/3B, Gemma, small Qwen2.5)
     recipes = [r for r in RECIPES if args.fp32 or r != "fp32"]
     kinds = (("rms-swiglu", "untied"), ("layer-gelu", "tied"), ("rms-swiglu", "tied"))
-    kinds += (("layer-gelu", "untied"),)
+    kinds += (("layer-gelu", "untied"), ("rms-swiglu-litgpt", "untied"))
+    kinds += (("rms-swiglu-litgpt", "tied"),)
     cases = [
         (ckpt, recipe, targets, family, tying)
         for lora_first in (True, False)
@@ -312,7 +331,8 @@ def main() -> None:
             batch, seq = rng.choice([1, 2, 3]), rng.choice([4, 8, 16, 64, 256, 512])
             rank = rng.choice([2, 4, 8]) if targets != "none" else 0
             lora = Lora(rank, targets) if rank else None
-            (block, head), windows = traced(cfg, batch, seq, precision, ckpt, lora)
+            which = "litgpt" if family.endswith("-litgpt") else "course"
+            (block, head), windows = traced(cfg, batch, seq, precision, ckpt, lora, 1, which)
             feats = af.features(cfg, batch, seq, rank)
             rows.append({"features": feats, "block": block, "head": head, "windows": windows})
         key = (family, tying, recipe, ckpt, targets)

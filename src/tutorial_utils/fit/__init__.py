@@ -11,6 +11,7 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``shapes``: the model's ``DecoderConfig`` and its parameter counts (by formula, no torch)
 - ``states``: weights, gradients, master weights, optimizer state (8-bit, LoRA, QLoRA)
 - ``activations``: one block and the head on fake tensors (checkpointing, LoRA, chunked loss)
+- ``litgpt_block``: litgpt 8641822's block re-created, the one ``block="litgpt"`` runs
 - ``activation_formulas``: the same figures by formula, no torch (``activation_terms``, which
   ``tools/fit_activation_terms.py`` writes); the fake-tensor pass where no formula is written
 - ``temporaries``: what the optimizer step allocates (foreach, fused, for-loop)
@@ -76,6 +77,7 @@ _MODULES = (
     "shapes",
     "states",
     "activations",
+    "litgpt_block",
     "activation_formulas",
     "temporaries",
     "profiles",

@@ -16,7 +16,8 @@ shapes and asserts the formula equals it, to the byte.
 Where no formula is written, the pass runs (torch is imported then): cross-entropy in chunks
 (each chunk's size is rounded up), explicit attention (its s x s scores are not a multiple of
 the tokens), any other block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base
-or with dropout, and any case the tool could not solve (``activation_terms.MISSING``).
+or with dropout, litgpt's block under grouped queries, and any case the tool could not solve
+(``activation_terms.MISSING``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from fractions import Fraction
 
 from ..decoder_config import DecoderConfig
 
-__all__ = ["BF16_MODULE", "FEATURES", "Pass", "activations", "by_formula", "same_module"]
+__all__ = [
+    "BF16_MODULE",
+    "FEATURES",
+    "Pass",
+    "activations",
+    "by_formula",
+    "check_block",
+    "same_module",
+]
 
 #: The recipes whose module itself is bf16 (its activations are bf16 too).
 BF16_MODULE = ("bf16-master", "bf16-master-fp32-grads", "pure-bf16")
@@ -47,6 +56,23 @@ class Pass:
     forward_over: int | None
     backward_over: int
     grads: int
+
+
+def check_block(cfg: DecoderConfig, block: str) -> None:
+    """litgpt's block (``fit.litgpt_block``) is its Llama block: RMSNorm, SwiGLU, no biases, the
+    heads spanning d_model; one sentence for another shape."""
+    if block != "litgpt":
+        return
+    if (cfg.norm, cfg.mlp, cfg.bias, cfg.qkv_bias) != ("rms", "swiglu", False, False):
+        raise ValueError(
+            "block='litgpt' re-creates litgpt 8641822's Llama block (RMSNorm, SwiGLU, no "
+            "biases); this model is not one: use block='course'"
+        )
+    if cfg.q_dim != cfg.d_model:
+        raise ValueError(
+            "litgpt 8641822's attention projects back from d_model, so its heads must span it "
+            "(head width x heads == d_model): use block='course' for this model"
+        )
 
 
 def same_module(precision: str) -> str:
@@ -116,12 +142,24 @@ def evaluate(terms, less: str, feats: tuple[int, ...], known) -> int:
     return total if less == "nothing" else max(0, total - subtracted(known, less))
 
 
-def _case(cfg: DecoderConfig, precision: str, checkpointing: str, lora, ce_chunks: int):
-    """The key of ``activation_terms.TERMS`` for this question, or None (no formula)."""
+def _case(
+    cfg: DecoderConfig,
+    precision: str,
+    checkpointing: str,
+    lora,
+    ce_chunks: int,
+    block: str = "course",
+):
+    """The key of ``activation_terms.TERMS`` for this question, or None (no formula). litgpt's
+    block is a family of its own (``rms-swiglu-litgpt``)."""
     family = {("rms", "swiglu", False): "rms-swiglu", ("layer", "gelu", True): "layer-gelu"}
     name = family.get((cfg.norm, cfg.mlp, cfg.bias))
     if name is None or cfg.attention != "sdpa" or ce_chunks != 1:
         return None
+    if block == "litgpt":  # solved for one kv head per query head: GQA's reshapes copy
+        if cfg.kv_heads != cfg.n_heads:
+            return None
+        name += "-litgpt"
     if lora is not None and (lora.base != "bf16" or getattr(lora, "dropout", 0)):
         return None  # solved for adapters on a bf16 base without dropout only
     if precision == "fp32":
@@ -144,11 +182,12 @@ def by_formula(
     checkpointing: str,
     lora=None,
     ce_chunks: int = 1,
+    block: str = "course",
 ) -> tuple[Pass, Pass] | None:
     """(one block, the embedding + head + loss) by formula, or None where none is written."""
     from .activation_terms import TERMS
 
-    key = _case(cfg, precision, checkpointing, lora, ce_chunks)
+    key = _case(cfg, precision, checkpointing, lora, ce_chunks, block)
     if key not in TERMS:
         return None
     feats = features(cfg, batch, seq, 0 if lora is None else lora.rank)
@@ -168,12 +207,15 @@ def activations(
     checkpointing: str,
     lora=None,
     ce_chunks: int = 1,
+    block: str = "course",
 ) -> tuple[Pass, Pass]:
     """(one block, the embedding + head + loss): by formula where one is written, otherwise
-    on fake tensors (``activations.activations``, which imports torch)."""
-    found = by_formula(cfg, batch, seq, precision, checkpointing, lora, ce_chunks)
+    on fake tensors (``activations.activations``, which imports torch). ``block``: the
+    course's, or ``"litgpt"`` (``fit.litgpt_block``)."""
+    check_block(cfg, block)
+    found = by_formula(cfg, batch, seq, precision, checkpointing, lora, ce_chunks, block)
     if found is not None:
         return found
     from . import activations as fake
 
-    return fake.activations(cfg, batch, seq, precision, checkpointing, lora, ce_chunks)
+    return fake.activations(cfg, batch, seq, precision, checkpointing, lora, ce_chunks, block)

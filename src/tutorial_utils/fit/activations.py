@@ -13,6 +13,7 @@ With LoRA the block's linears are frozen and each adapted one gains A and B (``_
 torchtune's LoRALinear, with its dropout when the recipe has one): what autograd saves then is
 what a LoRA step saves. Under QLoRA each frozen linear stores its weight in NF4 and makes a bf16
 copy for every matmul, forward and backward (``_Nf4Linear``), the way the recipe's library does.
+With ``block="litgpt"`` the block is ``litgpt_block.LitgptBlock``: what litgpt 8641822's saves.
 """
 
 from __future__ import annotations
@@ -287,20 +288,24 @@ def activations(
     checkpointing: str,
     lora: Lora | None = None,
     ce_chunks: int = 1,
+    block: str = "course",
 ) -> tuple[Pass, Pass]:
     """(one block, the embedding + head + loss), exact on fake tensors. The bf16-module recipes
     hold the same activations whatever the optimizer's copies: ask with ``same_module(...)``
-    so that they share one cache entry."""
+    so that they share one cache entry. ``block``: the course's (``decoder.Block``) or
+    ``"litgpt"`` (``litgpt_block.LitgptBlock``: what litgpt 8641822's block saves)."""
     stream = stream_dtype(precision)
 
     def block_input():
         return torch.empty(batch, seq, cfg.d_model, dtype=stream, requires_grad=True)
 
     def build_block():
-        block = Block(cfg)
-        return with_lora(block, cfg, lora) if lora is not None else block
+        if block == "litgpt":
+            return _litgpt_block(cfg, lora, seq)
+        built = Block(cfg)
+        return with_lora(built, cfg, lora) if lora is not None else built
 
-    block = _fake_pass(build_block, block_input, lambda y: y.sum(), precision, checkpointing)
+    one = _fake_pass(build_block, block_input, lambda y: y.sum(), precision, checkpointing)
 
     def tokens():
         return torch.zeros(batch, seq, dtype=torch.long)
@@ -318,4 +323,18 @@ def activations(
         return cross_entropy(y, ce_chunks)
 
     head = _fake_pass(build_head, tokens, loss, precision, "none")
-    return block, head
+    return one, head
+
+
+def _litgpt_block(cfg: DecoderConfig, lora: Lora | None, seq: int) -> nn.Module:
+    """litgpt's block; under QLoRA every frozen linear in NF4 (Lightning's
+    ``BitsandbytesPrecision`` replaces every ``nn.Linear`` with bitsandbytes' ``Linear4bit``)."""
+    from .litgpt_block import LitgptBlock
+
+    built = LitgptBlock(cfg, lora, seq)
+    if lora is not None and lora.base in NF4_LIBRARY:
+        for parent in list(built.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, _Nf4Linear(child, NF4_LIBRARY[lora.base]))
+    return built

@@ -214,6 +214,14 @@ def parser() -> argparse.ArgumentParser:
         "(torchtitan's) (default param)",
     )
     p.add_argument(
+        "--block",
+        type=_reader(inputs.block),
+        default="course",
+        help="whose transformer block the activations are of: course (what torchtune's and "
+        "torchtitan's blocks save) or litgpt (litgpt 8641822's, which saves more) "
+        "(default course)",
+    )
+    p.add_argument(
         "--gradient-sync",
         choices=("every", "last"),
         default="every",
@@ -349,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             reshard_after_forward=args.reshard_after_forward,
             reduce_dtype=args.reduce_dtype,
             gradient_sync=args.gradient_sync,
+            block=args.block,
         )
     except (TypeError, ValueError) as err:
         print(f"fit: {err}", file=sys.stderr)

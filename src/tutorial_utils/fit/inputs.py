@@ -15,11 +15,13 @@ import re
 
 __all__ = [
     "CHECKPOINTING",
+    "BLOCKS",
     "LORA_TARGETS",
     "OPTIMIZERS",
     "OPTIMIZER_IMPLS",
     "RECIPES",
     "SHARDING",
+    "block",
     "checkpointing",
     "flag",
     "lora_targets",
@@ -122,6 +124,11 @@ _SHARDING_ALIASES = {
     "zero-3": "zero3",
 }
 
+#: Whose block the activations are of: the course's (``decoder.Block``: what torchtune's and
+#: torchtitan's blocks save) or litgpt 8641822's (``fit.litgpt_block``: it saves more).
+BLOCKS = ("course", "litgpt")
+_BLOCK_ALIASES = {"torchtune": "course", "torchtitan": "course", "lit-gpt": "litgpt"}
+
 #: Which linear layers LoRA adapts: q and v (Hugging Face PEFT's and litgpt's default for
 #: Llama, torchtune's ``lora_attn_modules=['q_proj', 'v_proj']``), the four attention
 #: projections (q, k, v, output), or those and the MLP (``apply_lora_to_mlp``).
@@ -179,6 +186,11 @@ def checkpointing(name: str) -> str:
 def sharding(name: str) -> str:
     """``sharding('fsdp') == 'zero3'``; ``'ddp'`` is no sharding (every GPU holds it all)."""
     return pick("sharding", name, SHARDING, _SHARDING_ALIASES)
+
+
+def block(name: str) -> str:
+    """``block('lit-gpt') == 'litgpt'``: whose block the activations are of (``BLOCKS``)."""
+    return pick("block", name, BLOCKS, _BLOCK_ALIASES)
 
 
 def lora_targets(name: str) -> str:

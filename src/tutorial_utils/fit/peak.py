@@ -36,7 +36,7 @@ from .. import formulas
 from ..decoder_config import DecoderConfig
 from ..units import format_bytes
 from . import cards, inputs
-from .activation_formulas import activations, same_module
+from .activation_formulas import activations, check_block, same_module
 from .headroom import headroom_for
 from .profiles import Mesh, spread, tp_block_held
 from .report import FitReport
@@ -101,6 +101,7 @@ def will_it_fit(
     reshard_after_forward: bool = True,
     reduce_dtype: str = "param",
     gradient_sync: str = "every",
+    block: str = "course",
 ) -> FitReport:
     """One GPU's training memory at the step's peak (see the module's docstring for how).
 
@@ -118,7 +119,9 @@ def will_it_fit(
     ZeRO-3/FSDP only), ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per
     step), ``tp``, ``pp``, ``cp``, ``pp_microbatches``, FSDP2's ``reshard_after_forward`` and
     ``reduce_dtype`` ("param" or "fp32"), and ``gradient_sync`` ("every" micro-batch, or
-    "last": FSDP1's ``no_sync()`` around the others, as Lightning's ``no_backward_sync``).
+    "last": FSDP1's ``no_sync()`` around the others, as Lightning's ``no_backward_sync``), and
+    ``block``: whose block's activations ("course": the course's, which saves what torchtune's
+    and torchtitan's do; "litgpt": litgpt 8641822's, ``fit.litgpt_block``).
     """
     start = time.perf_counter()
     label, cfg = config(preset)
@@ -133,6 +136,8 @@ def will_it_fit(
     tp, pp, cp = (inputs.positive_int(n, v, 2**12) for n, v in (("tp", tp), ("pp", pp), ("cp", cp)))
     ce_chunks = inputs.positive_int("ce_chunks", ce_chunks, 2**12)
     grad_accumulation = inputs.positive_int("grad_accumulation", grad_accumulation)
+    block = inputs.block(block)
+    check_block(cfg, block)
     inputs.flag("headroom", headroom)
     for name, value in (
         ("activation_offload", activation_offload),
@@ -233,14 +238,16 @@ def will_it_fit(
     if cpu_offload:  # the shards live on the CPU; the optimizer steps there
         on_cpu = dict(states)
         states = dict.fromkeys(states, 0)
-    block, head = activations(
-        cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks
+    block_pass, head = activations(
+        cfg, batch, local_seq, same_module(precision), checkpointing, lora, ce_chunks, block
     )
     layers = math.ceil(cfg.n_layers / pp)
     in_flight = mesh.in_flight
     linear_bytes = 4 if precision == "fp32" else 2
     kept = checkpointing == "none"  # the Linears' gathered inputs saved, not recomputed
-    block_held = tp_block_held(block.held, batch, local_seq, cfg.d_model, linear_bytes, tp, kept)
+    block_held = tp_block_held(
+        block_pass.held, batch, local_seq, cfg.d_model, linear_bytes, tp, kept
+    )
     head_held = head.held // tp  # SP: the head's activations sharded
     if activation_offload:  # one block's on the GPU at a time; the rest in pinned CPU memory
         forward_acts = block_held + head_held
@@ -275,7 +282,7 @@ def will_it_fit(
         ),
         "end of backward": (
             block_held,
-            block.backward_over // tp,
+            block_pass.backward_over // tp,
             end_grads,
             temps if optimizer_in_backward else 0,
         ),
@@ -332,6 +339,7 @@ def will_it_fit(
         reshard_after_forward=reshard_after_forward,
         reduce_dtype=reduce_dtype,
         gradient_sync=gradient_sync,
+        block=block,
     )
     unified = math.ceil(whole.unified * share.fraction / ranks)  # this GPU's paged state
     notes = _notes(optimizer, on_cpu, sharding, unified)
@@ -385,6 +393,7 @@ def will_it_fit(
             reshard_after_forward=reshard_after_forward,
             reduce_dtype=reduce_dtype,
             gradient_sync=gradient_sync,
+            block=block,
         ),
     )
 
@@ -402,6 +411,7 @@ def _extras(
     reshard_after_forward,
     reduce_dtype,
     gradient_sync,
+    block,
 ) -> tuple[str, ...]:
     """The knobs away from their defaults, in words (the default answer's text is unchanged)."""
     said = []
@@ -430,6 +440,8 @@ def _extras(
         said.append("fp32 gradient reduction")
     if gradient_sync == "last":
         said.append("gradients synced on the last micro-batch only (no_sync)")
+    if block == "litgpt":
+        said.append("litgpt 8641822's block")
     return tuple(said)
 
 

@@ -39,6 +39,7 @@ KNOB_WORDS = {
     "reshard_after_forward": "FSDP2's reshard_after_forward",
     "reduce_dtype": "FSDP2's reduce dtype",
     "gradient_sync": "FSDP1's no_sync on all but the last micro-batch",
+    "block": "litgpt's block (8641822) or the course's (torchtune's and torchtitan's)",
 }
 #: Knobs that say how to ask, not what is modelled: not rows of the table.
 _NOT_KNOBS = ("gpu", "headroom", "lora_targets", "pp_microbatches")
