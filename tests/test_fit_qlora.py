@@ -13,10 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tutorial_utils import fit, memory
-from tutorial_utils.fit.activations import _Nf4Linear
-from tutorial_utils.fit.states import nf4_quantize_bytes
+from tutorial_utils.decoder import Decoder
+from tutorial_utils.decoder_config import DecoderConfig
+from tutorial_utils.fit.activations import _Nf4Linear, with_lora
+from tutorial_utils.fit.kept_graph import kept_graph_bytes
+from tutorial_utils.fit.states import Lora, nf4_quantize_bytes
 
 
 def _to_nf4_indices(weight: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -133,3 +137,84 @@ def test_bad_nf4_knobs_get_one_sentence():
         fit.will_it_fit("llama-2-7b", lora_rank=8, lora_base="nf4", nf4_chunk=-1)
     with pytest.raises(ValueError, match="multiple of 64"):
         _Nf4Linear(nn.Linear(3, 5), "torchao")
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    """bitsandbytes 0.42.0's ``MatMul4Bit`` (``autograd/_functions.py``; 0.41.0 the same) where
+    memory is concerned: the weight dequantized for the matmul in forward and again in
+    backward, and ``ctx.tensors = (A, B)`` when an input needs a gradient, else ``(None,
+    None)``: attributes of ``ctx``, not ``save_for_backward``, so backward does not free them."""
+
+    @staticmethod
+    def forward(ctx, A, layer):
+        ctx.layer = layer
+        output = F.linear(A, layer.dequantized(A.dtype))
+        ctx.tensors = (A, layer.packed) if any(ctx.needs_input_grad[:2]) else (None, None)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output @ ctx.layer.dequantized(grad_output.dtype), None
+
+
+#: A small Llama-shaped decoder (GQA, SwiGLU, untied head): every linear a multiple of 64.
+_SMALL = DecoderConfig(
+    vocab=96,
+    d_model=64,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=160,
+    norm="rms",
+    mlp="swiglu",
+    bias=False,
+    tied=False,
+    max_positions=0,
+)
+
+
+def _litgpt_model(monkeypatch, base: str) -> Decoder:
+    """The small decoder as litgpt's LoRA fine-tune has it: frozen, LoRA on q and v; under
+    ``bnb-nf4`` every linear (the head too) bitsandbytes' NF4 linear with ``_MatMul4Bit``."""
+    lora = Lora(4, "qv", base, 0.05, double_quant=base != "bnb-nf4")
+    if base == "bnb-nf4":
+        monkeypatch.setattr(_Nf4Linear, "forward", lambda self, x: _MatMul4Bit.apply(x, self))
+    model = Decoder(_SMALL).requires_grad_(False)
+    for block in model.blocks:
+        with_lora(block, _SMALL, lora)
+    if base == "bnb-nf4":
+        model.head = _Nf4Linear(model.head, "bnb")
+    return model.to(torch.bfloat16), lora
+
+
+def _litgpt_iteration(model, tokens, keep_logits: bool):
+    """litgpt's loop body (``litgpt/finetune/lora.py`` at 4a9b7e62): ``logits = model(...)``,
+    which Fabric's ``convert_output`` hands back in torch's default dtype, the loss, backward,
+    and ``loss = running_loss.compute().item()``; the logits stay bound unless told."""
+    logits = model(tokens).to(torch.get_default_dtype())
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    loss.backward()
+    loss = loss.item()
+    return logits if keep_logits else None
+
+
+@pytest.mark.parametrize("base", ["bnb-nf4", "nf4", "bf16"])
+def test_the_kept_logits_hold_the_graph_and_bitsandbytes_inputs_to_the_byte(monkeypatch, base):
+    """Two iterations of litgpt's loop: the second forward's peak is higher, when the first
+    iteration's logits are still bound, by what ``kept_graph_bytes`` counts: the fp32 logits,
+    and under bitsandbytes every NF4 linear's input kept by ``MatMul4Bit``'s ``ctx``, but the
+    first block's q/k/v input (a frozen embedding and norm feed it: no input needs a gradient,
+    ``(None, None)``); torchao's NF4 and a bf16 base keep only the logits. Either replay
+    saving with ``save_for_backward``, or the logits counted in bf16, would fail this."""
+    batch, seq = 2, 16
+    tokens = torch.randint(0, _SMALL.vocab, (batch, seq))
+    peaks = {}
+    for keep in (True, False):
+        model, lora = _litgpt_model(monkeypatch, base)
+        with memory.measure("cpu"):
+            previous = _litgpt_iteration(model, tokens, keep)
+            with memory.measure("cpu") as second:
+                logits = model(tokens).to(torch.get_default_dtype())
+            del logits, previous
+        peaks[keep] = second.peak_bytes
+    assert peaks[True] - peaks[False] == kept_graph_bytes(_SMALL, batch, seq, lora)
