@@ -20,7 +20,7 @@ from tutorial_utils.decoder import Decoder
 from tutorial_utils.decoder_config import DecoderConfig
 from tutorial_utils.fit.activations import _Nf4Linear, with_lora
 from tutorial_utils.fit.kept_graph import kept_graph_bytes
-from tutorial_utils.fit.states import Lora, nf4_quantize_bytes
+from tutorial_utils.fit.states import Lora, nf4_bytes, nf4_quantize_bytes
 
 
 def _to_nf4_indices(weight: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -218,3 +218,38 @@ def test_the_kept_logits_hold_the_graph_and_bitsandbytes_inputs_to_the_byte(monk
             del logits, previous
         peaks[keep] = second.peak_bytes
     assert peaks[True] - peaks[False] == kept_graph_bytes(_SMALL, batch, seq, lora)
+
+
+def _quantize_4bit_storage(n: int, compress_statistics: bool) -> int:
+    """What bitsandbytes 0.42.0's ``quantize_4bit`` (``functional.py``) leaves allocated for
+    ``n`` weights, replayed: the packed codes, two to a byte, and an fp32 absmax per block of
+    64; with ``compress_statistics`` (double quantization) the absmax less its mean is
+    quantized by ``quantize_blockwise(absmax, blocksize=256)`` into a byte each and an fp32
+    absmax per 256, the mean (``offset``) kept, the fp32 absmax deleted. The NF4 code (16 fp32)
+    and the blockwise code table (shared, cached in ``name2qmap``) are left out."""
+    blocks = -(-n // 64)
+    with memory.measure("cpu") as m:
+        absmax = torch.zeros(blocks, dtype=torch.float32)
+        out = torch.zeros((n + 1) // 2, 1, dtype=torch.uint8)
+        state = [out, absmax]
+        if compress_statistics:
+            offset = absmax.mean()
+            absmax -= offset
+            qabsmax = torch.zeros(blocks, dtype=torch.uint8)  # quantize_blockwise's out
+            absmax2 = torch.zeros(-(-blocks // 256), dtype=torch.float32)  # and its absmax
+            state = [out, qabsmax, offset, absmax2]
+            del absmax
+    assert len(state) in (2, 4)
+    return m.delta_bytes
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_nf4_bytes_with_and_without_double_quantization(double_quant):
+    """litgpt's ``--quantize bnb.nf4`` (Lightning's ``_NF4Linear``: ``compress_statistics=
+    False``) keeps an fp32 absmax per 64 weights, 0.0625 B a weight; ``bnb.nf4-dq`` a byte
+    per 64 and an fp32 per 16,384, 0.0159 B. Tolerance: the offset (4 B) left out of
+    ``nf4_bytes``, of tens of kilobytes."""
+    n = 64 * 256 * 3 + 64 * 5  # blocks not a multiple of 256
+    measured = _quantize_4bit_storage(n, double_quant)
+    assert 0 <= measured - nf4_bytes(n, double_quant) <= (4 if double_quant else 0)
+    assert nf4_bytes(n, False) - nf4_bytes(n, True) > 0.046 * n
