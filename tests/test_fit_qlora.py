@@ -1,5 +1,7 @@
-"""QLoRA's terms, measured: the quantizer's scratch as the base loads, and what an NF4 linear
-saves and makes in a step, each against the course's accountant on the CPU.
+"""QLoRA's terms, measured: the quantizer's scratch as the base loads, what an NF4 linear
+saves and makes in a step, its storage with and without double quantization, and what a loop
+that keeps its logits carries into the next forward (litgpt's, with bitsandbytes' inputs kept
+on the graph), each against the course's accountant on the CPU.
 
 Neither torchao nor bitsandbytes is a dependency of the course, so each mechanism is replayed in
 PyTorch's own ops, as the library's source reads (cited beside each), and measured with
@@ -253,3 +255,28 @@ def test_nf4_bytes_with_and_without_double_quantization(double_quant):
     measured = _quantize_4bit_storage(n, double_quant)
     assert 0 <= measured - nf4_bytes(n, double_quant) <= (4 if double_quant else 0)
     assert nf4_bytes(n, False) - nf4_bytes(n, True) > 0.046 * n
+
+
+def test_the_calculator_adds_the_kept_graph_where_it_is_alive():
+    """The previous micro-batch's graph through this one's forward (its end, not the start of
+    backward: litgpt rebinds ``logits`` before the loss), this one's at the step; under
+    bitsandbytes without double quantization, as litgpt's ``--quantize bnb.nf4``."""
+    ask = dict(
+        preset=_SMALL,
+        batch=2,
+        seq=16,
+        precision="pure-bf16",
+        lora_rank=4,
+        lora_targets="qv",
+        lora_base="bnb-nf4",
+        nf4_double_quant=False,
+    )
+    kept = fit.will_it_fit(**ask, logits_kept=True).peaks
+    plain = fit.will_it_fit(**ask).peaks
+    lora = Lora(4, "qv", "bnb-nf4", double_quant=False)
+    term = kept_graph_bytes(_SMALL, 2, 16, lora)
+    assert kept["end of forward"] - plain["end of forward"] == term
+    assert kept["optimizer step"] - plain["optimizer step"] == term
+    assert kept["start of backward"] == plain["start of backward"]
+    with pytest.raises(ValueError, match="double quantization"):
+        fit.will_it_fit(**(ask | dict(lora_base="nf4")))
