@@ -12,19 +12,23 @@ replays the loop on the CPU and measures the same bytes, to the byte.
   torch's default dtype, fp32 (``_FabricModule.forward`` calls the precision plugin's
   ``convert_output``, ``_convert_fp_tensor(tensor, torch.get_default_dtype())``, in
   ``HalfPrecision``, ``FSDPPrecision`` and ``BitsandbytesPrecision`` at Lightning 71aed751,
-  b19c3a96, 75553845, 438f29f0 and 12881e83): 4 bytes a logit. (torchtune's recipes
-  ``del logits`` before backward for this reason.)
-- **Through them, the graph.** Each logit's ``grad_fn`` reaches every node of the step's
-  graph. Backward has freed what the nodes saved with ``save_for_backward``, but not tensors a
-  custom ``autograd.Function`` hung on its ``ctx``: bitsandbytes' ``MatMul4Bit`` (0.41.0 and
-  0.42.0, ``autograd/_functions.py``) keeps ``ctx.tensors = (A, B)``, so the input of every
-  NF4 linear stays as long as the graph does (torchao's ``LinearNF4`` saves nothing of the
-  kind). Per block those inputs are the first norm's output (the q/k/v linear's, h wide),
-  attention's output (the projection's, q wide), the second norm's output (the MLP's first
-  linears share it, h) and the MLP's product (the down projection's, f), in the stream's
-  dtype; and the final norm's output when the head is NF4 too (litgpt, untied). One fewer:
-  the first block's q/k/v input needs no gradient (the embedding and the norm are frozen), and
-  ``MatMul4Bit`` keeps ``(None, None)`` when no input needs one.
+  b19c3a96, 75553845, 438f29f0 and 12881e83): 4 bytes a logit. Other loops let go: torchtune's
+  recipes ``del logits`` ("free logits otherwise it peaks backward memory"), Answer.AI's
+  fsdp_qlora ``train.py`` (50efa1e) sets ``output = None`` "so more memory frees up before the
+  next forward pass".
+- **Through them, the graph.** Each logit's ``grad_fn`` reaches every node of the step's graph.
+  Backward has freed what the nodes saved with ``save_for_backward``, but not tensors a custom
+  ``autograd.Function`` hung on its ``ctx``: bitsandbytes' ``MatMul4Bit`` (0.41.0 and 0.42.0,
+  ``autograd/_functions.py``) keeps ``ctx.tensors = (A, B)``, so the input of every NF4 linear
+  stays as long as the graph does (torchao's ``LinearNF4`` saves nothing of the kind).
+  bitsandbytes 0.43.2 keeps ``(None, B)`` (bitsandbytes#1270, 2024-07-16, "the bug that caused a
+  lot of memory issues with QLoRA"); the course's ``bnb-nf4`` is the library before it
+  (``activations._Nf4Linear`` saves the input too). Per block those inputs are the first norm's
+  output (the q/k/v linear's, h wide), attention's output (the projection's, q wide), the second
+  norm's output (the MLP's first linears share it, h) and the MLP's product (the down
+  projection's, f), in the stream's dtype; and the final norm's output when the head is NF4 too
+  (litgpt, untied). One fewer: the first block's q/k/v input needs no gradient (the embedding
+  and the norm are frozen), and ``MatMul4Bit`` keeps ``(None, None)`` when no input needs one.
 
 The term is taken at the step's ``seq``: the previous micro-batch as long as this one. With
 samples of varying length (a peak is set by the longest batch) that bounds it from above.
