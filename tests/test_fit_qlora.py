@@ -1,5 +1,7 @@
-"""QLoRA's terms, measured: the quantizer's scratch as the base loads, and what an NF4 linear
-saves and makes in a step, each against the course's accountant on the CPU.
+"""QLoRA's terms, measured: the quantizer's scratch as the base loads, what an NF4 linear
+saves and makes in a step, its storage with and without double quantization, and what a loop
+that keeps its logits carries into the next forward (litgpt's, with bitsandbytes' inputs kept
+on the graph), each against the course's accountant on the CPU.
 
 Neither torchao nor bitsandbytes is a dependency of the course, so each mechanism is replayed in
 PyTorch's own ops, as the library's source reads (cited beside each), and measured with
@@ -13,10 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from tutorial_utils import fit, memory
-from tutorial_utils.fit.activations import _Nf4Linear
-from tutorial_utils.fit.states import nf4_quantize_bytes
+from tutorial_utils.decoder import Decoder
+from tutorial_utils.decoder_config import DecoderConfig
+from tutorial_utils.fit.activations import _Nf4Linear, with_lora
+from tutorial_utils.fit.kept_graph import kept_graph_bytes
+from tutorial_utils.fit.states import Lora, nf4_bytes, nf4_quantize_bytes
 
 
 def _to_nf4_indices(weight: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -133,3 +139,144 @@ def test_bad_nf4_knobs_get_one_sentence():
         fit.will_it_fit("llama-2-7b", lora_rank=8, lora_base="nf4", nf4_chunk=-1)
     with pytest.raises(ValueError, match="multiple of 64"):
         _Nf4Linear(nn.Linear(3, 5), "torchao")
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    """bitsandbytes 0.42.0's ``MatMul4Bit`` (``autograd/_functions.py``; 0.41.0 the same) where
+    memory is concerned: the weight dequantized for the matmul in forward and again in
+    backward, and ``ctx.tensors = (A, B)`` when an input needs a gradient, else ``(None,
+    None)``: attributes of ``ctx``, not ``save_for_backward``, so backward does not free them."""
+
+    @staticmethod
+    def forward(ctx, A, layer):
+        ctx.layer = layer
+        output = F.linear(A, layer.dequantized(A.dtype))
+        ctx.tensors = (A, layer.packed) if any(ctx.needs_input_grad[:2]) else (None, None)
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output @ ctx.layer.dequantized(grad_output.dtype), None
+
+
+#: A small Llama-shaped decoder (GQA, SwiGLU, untied head): every linear a multiple of 64.
+_SMALL = DecoderConfig(
+    vocab=96,
+    d_model=64,
+    n_layers=3,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=160,
+    norm="rms",
+    mlp="swiglu",
+    bias=False,
+    tied=False,
+    max_positions=0,
+)
+
+
+def _litgpt_model(monkeypatch, base: str) -> Decoder:
+    """The small decoder as litgpt's LoRA fine-tune has it: frozen, LoRA on q and v; under
+    ``bnb-nf4`` every linear (the head too) bitsandbytes' NF4 linear with ``_MatMul4Bit``."""
+    lora = Lora(4, "qv", base, 0.05, double_quant=base != "bnb-nf4")
+    if base == "bnb-nf4":
+        monkeypatch.setattr(_Nf4Linear, "forward", lambda self, x: _MatMul4Bit.apply(x, self))
+    model = Decoder(_SMALL).requires_grad_(False)
+    for block in model.blocks:
+        with_lora(block, _SMALL, lora)
+    if base == "bnb-nf4":
+        model.head = _Nf4Linear(model.head, "bnb")
+    return model.to(torch.bfloat16), lora
+
+
+def _litgpt_iteration(model, tokens, keep_logits: bool):
+    """litgpt's loop body (``litgpt/finetune/lora.py`` at 4a9b7e62): ``logits = model(...)``,
+    which Fabric's ``convert_output`` hands back in torch's default dtype, the loss, backward,
+    and ``loss = running_loss.compute().item()``; the logits stay bound unless told."""
+    logits = model(tokens).to(torch.get_default_dtype())
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    loss.backward()
+    loss = loss.item()
+    return logits if keep_logits else None
+
+
+@pytest.mark.parametrize("base", ["bnb-nf4", "nf4", "bf16"])
+def test_the_kept_logits_hold_the_graph_and_bitsandbytes_inputs_to_the_byte(monkeypatch, base):
+    """Two iterations of litgpt's loop: the second forward's peak is higher, when the first
+    iteration's logits are still bound, by what ``kept_graph_bytes`` counts: the fp32 logits,
+    and under bitsandbytes every NF4 linear's input kept by ``MatMul4Bit``'s ``ctx``, but the
+    first block's q/k/v input (a frozen embedding and norm feed it: no input needs a gradient,
+    ``(None, None)``); torchao's NF4 and a bf16 base keep only the logits. Either replay
+    saving with ``save_for_backward``, or the logits counted in bf16, would fail this."""
+    batch, seq = 2, 16
+    tokens = torch.randint(0, _SMALL.vocab, (batch, seq))
+    peaks = {}
+    for keep in (True, False):
+        model, lora = _litgpt_model(monkeypatch, base)
+        with memory.measure("cpu"):
+            previous = _litgpt_iteration(model, tokens, keep)
+            with memory.measure("cpu") as second:
+                logits = model(tokens).to(torch.get_default_dtype())
+            del logits, previous
+        peaks[keep] = second.peak_bytes
+    assert peaks[True] - peaks[False] == kept_graph_bytes(_SMALL, batch, seq, lora)
+
+
+def _quantize_4bit_storage(n: int, compress_statistics: bool) -> int:
+    """What bitsandbytes 0.42.0's ``quantize_4bit`` (``functional.py``) leaves allocated for
+    ``n`` weights, replayed: the packed codes, two to a byte, and an fp32 absmax per block of
+    64; with ``compress_statistics`` (double quantization) the absmax less its mean is
+    quantized by ``quantize_blockwise(absmax, blocksize=256)`` into a byte each and an fp32
+    absmax per 256, the mean (``offset``) kept, the fp32 absmax deleted. The NF4 code (16 fp32)
+    and the blockwise code table (shared, cached in ``name2qmap``) are left out."""
+    blocks = -(-n // 64)
+    with memory.measure("cpu") as m:
+        absmax = torch.zeros(blocks, dtype=torch.float32)
+        out = torch.zeros((n + 1) // 2, 1, dtype=torch.uint8)
+        state = [out, absmax]
+        if compress_statistics:
+            offset = absmax.mean()
+            absmax -= offset
+            qabsmax = torch.zeros(blocks, dtype=torch.uint8)  # quantize_blockwise's out
+            absmax2 = torch.zeros(-(-blocks // 256), dtype=torch.float32)  # and its absmax
+            state = [out, qabsmax, offset, absmax2]
+            del absmax
+    assert len(state) in (2, 4)
+    return m.delta_bytes
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_nf4_bytes_with_and_without_double_quantization(double_quant):
+    """litgpt's ``--quantize bnb.nf4`` (Lightning's ``_NF4Linear``: ``compress_statistics=
+    False``) keeps an fp32 absmax per 64 weights, 0.0625 B a weight; ``bnb.nf4-dq`` a byte
+    per 64 and an fp32 per 16,384, 0.0159 B. Tolerance: the offset (4 B) left out of
+    ``nf4_bytes``, of tens of kilobytes."""
+    n = 64 * 256 * 3 + 64 * 5  # blocks not a multiple of 256
+    measured = _quantize_4bit_storage(n, double_quant)
+    assert 0 <= measured - nf4_bytes(n, double_quant) <= (4 if double_quant else 0)
+    assert nf4_bytes(n, False) - nf4_bytes(n, True) > 0.046 * n
+
+
+def test_the_calculator_adds_the_kept_graph_where_it_is_alive():
+    """The previous micro-batch's graph through this one's forward (its end, not the start of
+    backward: litgpt rebinds ``logits`` before the loss), this one's at the step; under
+    bitsandbytes without double quantization, as litgpt's ``--quantize bnb.nf4``."""
+    ask = dict(
+        preset=_SMALL,
+        batch=2,
+        seq=16,
+        precision="pure-bf16",
+        lora_rank=4,
+        lora_targets="qv",
+        lora_base="bnb-nf4",
+        nf4_double_quant=False,
+    )
+    kept = fit.will_it_fit(**ask, logits_kept=True).peaks
+    plain = fit.will_it_fit(**ask).peaks
+    lora = Lora(4, "qv", "bnb-nf4", double_quant=False)
+    term = kept_graph_bytes(_SMALL, 2, 16, lora)
+    assert kept["end of forward"] - plain["end of forward"] == term
+    assert kept["optimizer step"] - plain["optimizer step"] == term
+    assert kept["start of backward"] == plain["start of backward"]
+    with pytest.raises(ValueError, match="double quantization"):
+        fit.will_it_fit(**(ask | dict(lora_base="nf4")))

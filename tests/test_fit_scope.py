@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 
-from test_fit_published import _NOT_ITS_RECIPE, MODELLED, TOLERANCE, difference
+from test_fit_published import MODELLED, TOLERANCE, _not_its_recipe, difference
 
 from tutorial_utils.decoder import DecoderConfig
 from tutorial_utils.fit import inputs, scope
@@ -49,10 +49,6 @@ def test_every_choice_of_the_calculator_is_in_the_table():
 def test_the_compile_band_row_follows_the_band(monkeypatch):
     monkeypatch.setattr(scope, "COMPILE_BAND", (0.5, 0.6))
     assert "peaked at 50% to 60% of the same run in eager mode" in repr(scope.table())
-
-
-def _not_its_recipe(row) -> bool:
-    return row.missing == _NOT_ITS_RECIPE or row.missing.startswith("not this recipe's figure")
 
 
 def test_the_misses_are_qlora_runs_under_and_fsdp1_runs_over():

@@ -15,6 +15,8 @@ A file per job, read from the bottom up (each imports only those above it in thi
 - ``activation_formulas``: the same figures by formula, no torch (``activation_terms``, which
   ``tools/fit_activation_terms.py`` writes); the fake-tensor pass where no formula is written
 - ``temporaries``: what the optimizer step allocates (foreach, fused, for-loop)
+- ``kept_graph``: what a loop that keeps its logits carries into the next forward (litgpt's;
+  bitsandbytes' ``MatMul4Bit`` keeps its input on the graph)
 - ``profiles``: one GPU's share: DDP, ZeRO-1/2/3, FSDP1, FSDP2, and TP/PP/CP degrees
 - ``report``: ``FitReport``, the answer: categories, verdict, bar
 - ``peak``: ``will_it_fit``: the moments of a step and the peak
@@ -80,6 +82,7 @@ _MODULES = (
     "litgpt_block",
     "activation_formulas",
     "temporaries",
+    "kept_graph",
     "profiles",
     "report",
     "peak",

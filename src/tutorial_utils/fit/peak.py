@@ -15,6 +15,10 @@ temporaries (the optimizer step) and headroom.
 - the end of backward: every weight gradient, the first block's activations and its buffers;
 - the optimizer step: every gradient, and the step's temporaries (temporaries).
 
+A loop that keeps its logits (``logits_kept``, litgpt's) keeps the micro-batch's graph until the
+next forward returns, and what that graph still holds (``kept_graph``): the previous
+micro-batch's at the end of forward, this one's at the end of backward and at the step.
+
 Activations are freed as gradients appear, so the two never peak together; measured peaks
 (torchtitan's) show the same. With gradient accumulation the gradients of the earlier
 micro-batches are held through the later forwards; with the optimizer step in backward
@@ -38,6 +42,7 @@ from ..units import format_bytes
 from . import cards, inputs
 from .activation_formulas import activations, check_block, same_module
 from .headroom import headroom_for
+from .kept_graph import kept_graph_bytes
 from .profiles import Mesh, spread, tp_block_held
 from .report import FitReport
 from .shapes import config, counts
@@ -89,6 +94,8 @@ def will_it_fit(
     lora_base: str = "bf16",
     lora_dropout: float = 0.0,
     nf4_chunk: int = NF4_CHUNK,
+    nf4_double_quant: bool = True,
+    logits_kept: bool = False,
     ce_chunks: int = 1,
     activation_offload: bool = False,
     cpu_offload: bool = False,
@@ -115,13 +122,16 @@ def will_it_fit(
     ``lora_targets``, ``lora_base`` ("bf16"; "nf4": QLoRA with torchao, as torchtune;
     "bnb-nf4": with bitsandbytes, as litgpt), ``lora_dropout``, ``nf4_chunk`` (weights
     torchao quantizes at a time as the base loads; 0: a whole tensor, as torchao 0.1),
-    ``ce_chunks``, ``activation_offload``, ``cpu_offload`` (sharded states on the CPU:
-    ZeRO-3/FSDP only), ``optimizer_in_backward``, ``grad_accumulation`` (micro-batches per
-    step), ``tp``, ``pp``, ``cp``, ``pp_microbatches``, FSDP2's ``reshard_after_forward`` and
-    ``reduce_dtype`` ("param" or "fp32"), and ``gradient_sync`` ("every" micro-batch, or
-    "last": FSDP1's ``no_sync()`` around the others, as Lightning's ``no_backward_sync``), and
-    ``block``: whose block's activations ("course": the course's, which saves what torchtune's
-    and torchtitan's do; "litgpt": litgpt 8641822's, ``fit.litgpt_block``).
+    ``nf4_double_quant`` (bitsandbytes' double quantization: off for litgpt's ``--quantize
+    bnb.nf4``), ``logits_kept`` (the loop keeps the last micro-batch's logits, and so its
+    graph, until the next forward returns: litgpt's), ``ce_chunks``, ``activation_offload``,
+    ``cpu_offload`` (sharded states on the CPU: ZeRO-3/FSDP only), ``optimizer_in_backward``,
+    ``grad_accumulation`` (micro-batches per step), ``tp``, ``pp``, ``cp``,
+    ``pp_microbatches``, FSDP2's ``reshard_after_forward`` and ``reduce_dtype`` ("param" or
+    "fp32"), and ``gradient_sync`` ("every" micro-batch, or "last": FSDP1's ``no_sync()``
+    around the others, as Lightning's ``no_backward_sync``), and ``block``: whose block's
+    activations ("course": the course's, which saves what torchtune's and torchtitan's do;
+    "litgpt": litgpt 8641822's, ``fit.litgpt_block``).
     """
     start = time.perf_counter()
     label, cfg = config(preset)
@@ -144,6 +154,8 @@ def will_it_fit(
         ("cpu_offload", cpu_offload),
         ("optimizer_in_backward", optimizer_in_backward),
         ("reshard_after_forward", reshard_after_forward),
+        ("nf4_double_quant", nf4_double_quant),
+        ("logits_kept", logits_kept),
     ):
         inputs.flag(name, value)
     if gradient_sync not in ("every", "last"):
@@ -172,8 +184,15 @@ def will_it_fit(
     targets = inputs.lora_targets(lora_targets)
     if not (isinstance(nf4_chunk, int) and not isinstance(nf4_chunk, bool) and nf4_chunk == 0):
         nf4_chunk = inputs.positive_int("nf4_chunk (0: a whole tensor at once)", nf4_chunk)
+    if not nf4_double_quant and not (lora_rank and lora_base == "bnb-nf4"):
+        raise ValueError(
+            "nf4_double_quant=False is bitsandbytes' NF4 without double quantization: it needs "
+            "lora_rank > 0 and lora_base='bnb-nf4' (torchao's NF4 always has it)"
+        )
     lora = (
-        Lora(lora_rank, targets, lora_base, float(lora_dropout), nf4_chunk) if lora_rank else None
+        Lora(lora_rank, targets, lora_base, float(lora_dropout), nf4_chunk, nf4_double_quant)
+        if lora_rank
+        else None
     )
     card = gpu if isinstance(gpu, cards.Gpu) or gpu is None else cards.gpu(gpu)
     if cfg.max_positions and seq > cfg.max_positions:
@@ -203,6 +222,10 @@ def will_it_fit(
         raise ValueError(f"{label} has {cfg.n_layers} layers: choose pp <= {cfg.n_layers}")
     if seq % cp:
         raise ValueError(f"context parallelism splits the sequence: make seq a multiple of cp {cp}")
+    if logits_kept and tp * pp * cp > 1:
+        raise ValueError(
+            "logits_kept is modelled for one GPU, DDP and FSDP: choose tp = pp = cp = 1"
+        )
     local_seq = seq // cp
     c = counts(cfg)
     plain = dataclasses.replace(cfg, attention="sdpa")
@@ -271,9 +294,15 @@ def will_it_fit(
         temps = step_temporaries(local, optimizer, optimizer_impl, state_bytes)
     if cpu_offload:
         temps = 0
+    kept_graph, kept_at_end = 0, 0  # the previous micro-batch's graph; this one's at the end
+    if logits_kept:
+        element = 4 if precision == "fp32" else 2
+        ask = (cfg, batch, local_seq, lora, checkpointing, element)
+        kept_graph = kept_graph_bytes(*ask)
+        kept_at_end = kept_graph_bytes(*ask, blocks=cfg.n_layers - 1)
     moments = {
         # (activations, transient, weight gradients, step temporaries) at each moment
-        "end of forward": (forward_acts, head.forward_over // tp, held_grads, 0),
+        "end of forward": (forward_acts + kept_graph, head.forward_over // tp, held_grads, 0),
         "start of backward": (
             forward_acts,
             head.backward_over // tp,
@@ -281,14 +310,14 @@ def will_it_fit(
             0,
         ),
         "end of backward": (
-            block_held,
+            block_held + kept_at_end,
             block_pass.backward_over // tp,
             end_grads,
             temps if optimizer_in_backward else 0,
         ),
     }
     if not optimizer_in_backward:
-        moments["optimizer step"] = (0, 0, grads_share, temps)
+        moments["optimizer step"] = (kept_graph, 0, grads_share, temps)
     fixed = states["weights"] + states["master weights"] + states["optimizer state"]
     fixed += share.buckets
     computing = share.gathered + share.kept_gathered
@@ -330,6 +359,7 @@ def will_it_fit(
     extras = _extras(
         optimizer_impl=optimizer_impl,
         lora=lora,
+        logits_kept=logits_kept,
         ce_chunks=ce_chunks,
         activation_offload=activation_offload,
         cpu_offload=cpu_offload,
@@ -381,6 +411,8 @@ def will_it_fit(
             lora_base=lora_base,
             lora_dropout=lora_dropout,
             nf4_chunk=nf4_chunk,
+            nf4_double_quant=nf4_double_quant,
+            logits_kept=logits_kept,
             ce_chunks=ce_chunks,
             activation_offload=activation_offload,
             cpu_offload=cpu_offload,
@@ -402,6 +434,7 @@ def _extras(
     *,
     optimizer_impl,
     lora,
+    logits_kept,
     ce_chunks,
     activation_offload,
     cpu_offload,
@@ -421,6 +454,10 @@ def _extras(
         base = {"nf4": "QLoRA (NF4 base)", "bnb-nf4": "QLoRA (bitsandbytes NF4 base)"}
         base = base.get(lora.base, "LoRA")
         said.append(f"{base} rank {lora.rank} on {lora.targets}")
+        if not lora.double_quant:
+            said.append("NF4 without double quantization")
+    if logits_kept:
+        said.append("the last micro-batch's logits (and graph) kept")
     if ce_chunks > 1:
         said.append(f"cross-entropy in {ce_chunks} chunks")
     if activation_offload:

@@ -28,6 +28,8 @@ KNOB_WORDS = {
     "lora_base": "QLoRA (an NF4 base)",
     "lora_dropout": "LoRA dropout",
     "nf4_chunk": "QLoRA's quantizing chunk",
+    "nf4_double_quant": "NF4 with or without double quantization",
+    "logits_kept": "a loop that keeps the last logits (and graph)",
     "ce_chunks": "chunked cross-entropy",
     "activation_offload": "activation offload",
     "cpu_offload": "CPU offload of the sharded states",

@@ -29,7 +29,10 @@ them), for a precision recipe, an optimizer, and LoRA or QLoRA when only adapter
   ``bnb-nf4`` (bitsandbytes' ``Linear4bit`` with double quantization, as litgpt's
   ``--quantize bnb.nf4-dq``): the same bytes (a uint8 absmax per 64, an fp32 one per 256 of
   those), and Lightning's ``BitsandbytesPrecision`` replaces every ``nn.Linear``, so an untied
-  head is NF4 too.
+  head is NF4 too. Without double quantization (``Lora.double_quant=False``, litgpt's
+  ``--quantize bnb.nf4``: Lightning's ``_NF4Linear`` passes ``compress_statistics=False``)
+  ``quantize_4bit`` keeps each block's absmax as it made it, one fp32 per 64 weights
+  (bitsandbytes 0.41.0 and 0.42.0, ``functional.py``): 0.5 + 4/64 bytes per weight.
 - Loading a QLoRA base (``nf4_load_bytes``): the checkpoint's bf16 weights are quantized on the
   GPU one linear at a time, so beside the whole model's states there is, for the largest linear,
   its bf16 copy (2 B/weight), its old NF4 storage until the new one replaces it, and the
@@ -76,6 +79,7 @@ class Lora:
     base: str = "bf16"  # or "nf4" (torchao, torchtune's QLoRA) or "bnb-nf4" (bitsandbytes)
     dropout: float = 0.0  # on the adapters' input (torchtune's and litgpt's default: 0.05)
     nf4_chunk: int = 2**20  # weights torchao quantizes at a time (``NF4_CHUNK``); 0: all
+    double_quant: bool = True  # bitsandbytes' compress_statistics (torchao's NF4: always)
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,12 @@ class States:
     unified: int = 0  # a paged optimizer's state in CUDA unified memory, outside ``bytes``
 
 
-def nf4_bytes(n: int) -> int:
-    """Bytes of ``n`` weights stored as NF4 (4 bits, an int8 scale per 64, fp32 per 256 scales)."""
+def nf4_bytes(n: int, double_quant: bool = True) -> int:
+    """Bytes of ``n`` weights stored as NF4: 4 bits each, and per block of 64 an int8 scale
+    with an fp32 factor per 256 scales (double quantization), or else an fp32 absmax."""
     blocks = math.ceil(n / 64)
+    if not double_quant:
+        return math.ceil(n / 2) + 4 * blocks
     return math.ceil(n / 2) + blocks + 4 * math.ceil(blocks / 256)
 
 
@@ -128,7 +135,7 @@ def nf4_load_bytes(cfg: DecoderConfig, lora: Lora) -> int:
         linears = [h * q, h * kv, h * cfg.ff]
     n = max(linears)
     scratch = nf4_quantize_bytes(n, lora.nf4_chunk) if lora.base == "nf4" else 0
-    return 2 * n + nf4_bytes(n) + scratch
+    return 2 * n + nf4_bytes(n, lora.double_quant) + scratch
 
 
 #: bitsandbytes quantizes each 8-bit moment in blocks of this many elements, one fp32 absmax
@@ -182,7 +189,8 @@ def model_states(
             linear = sum(n for n in c.block_tensors if n > cfg.d_model) * cfg.n_layers
             if lora.base == "bnb-nf4" and not cfg.tied:
                 linear += cfg.vocab * cfg.d_model  # the head
-            frozen_bytes = nf4_bytes(linear) + per["weights"] * (c.total - linear)
+            frozen_bytes = nf4_bytes(linear, lora.double_quant)
+            frozen_bytes += per["weights"] * (c.total - linear)
         else:
             frozen_bytes = per["weights"] * c.total
     n = sum(trainable)
