@@ -8,11 +8,11 @@ precision) are listed with the reason, so the table shows what is not checked as
 what is. No constant was fitted to these
 rows: the calculator's terms come from code and the CPU tests; the rows judge them.
 
-Today: 55 rows expressible, 43 within +-10 % (78 %) and 48 within +-20 % (87 %); 57 more
-are listed with the reason they cannot be expressed. Three of the 55 publish a figure that is
-not their recipe's (two litgpt full fine-tunes below their own yaml's model states, and
-torchtune's README single-GPU LoRA, whose figure its history dates to an older config): over
-the other 52, 43 within 10 % (83 %).
+Before the second held-out set (below): 55 rows expressible, 43 within +-10 % (78 %) and 48
+within +-20 % (87 %); 57 more are listed with the reason they cannot be expressed. Three of the
+55 publish a figure that is not their recipe's (two litgpt full fine-tunes below their own
+yaml's model states, and torchtune's README single-GPU LoRA, whose figure its history dates to
+an older config): over the other 52, 43 within 10 % (83 %).
 
 Held out. 33 of the 55 (``HELD_OUT``, 45 rows in all) were collected on 2026-12-07 after the
 calculator's last change, from sources the first 22 did not use (Answer.AI's fsdp_qlora
@@ -44,10 +44,24 @@ whose large moments live outside PyTorch's allocator) became expressible with
 ``optimizer="paged-adamw"`` (``fit.states.bnb_adamw_bytes``, held to the library's allocations
 in ``tests/test_fit_8bit.py``), at +1.8 %.
 
-The twelve misses, each naming its term in ``missing``: seven Answer.AI reserved FSDP1 peaks
-(+16 to +32 %: the reserve, above) and its FSDP1 NO_SHARD QLoRA run (-20 %: read as DDP, whose
-reserve is the assumed 5 %); torchtune's QLoRA (-20.9 %: fragmentation at load); the three
-rows whose figure is not their recipe's (+126 %, +149 %, -12.8 %).
+The twelve misses of those 55, each naming its term in ``missing``: seven Answer.AI reserved
+FSDP1 peaks (+16 to +32 %: the reserve, above) and its FSDP1 NO_SHARD QLoRA run (-20 %: read as
+DDP, whose reserve is the assumed 5 %); torchtune's QLoRA (-20.9 %: fragmentation at load); the
+three rows whose figure is not their recipe's (+126 %, +149 %, -12.8 %).
+
+Held out, second set. The rows above were used to change the calculator, so 24 more
+(``HELD_OUT_2``) were collected on 2026-12-07 from sources no row above uses: IBM's
+fms-acceleration benchmark CSV (Mistral 7B full fine-tune and LoRA on 1 and 2 A100s, rank 0's
+peak allocated bytes), the training-speed notes of Sebastian Raschka's LLMs-from-scratch
+(GPT-124M, reserved GiB), and, listed only (compiled, or an optimizer the calculator does not
+model), torchao's low-bit optimizer README and the GaLore and Q-GaLore scripts. Each row's knobs
+were committed before the calculator was asked (6e3e851), and nothing in the calculator changed
+for them. 10 are expressible: 9 within 10 % (90 %) and 9 within 20 %. The four full fine-tunes
+agree to -0.02 % (their peak is the foreach AdamW step), the four LoRA rows fall within -6.5 to
++5.4 %, the book's step 6 is -1.8 % (two unmodelled terms pulling apart, noted on the row), and
+its step 7 is +52 % over: the book's loss runs on bf16 logits and the calculator's always
+upcasts (``missing``). With them: 65 rows expressible, 52 within 10 % and 57 within 20 %; 71
+listed.
 
 Of the 22 earlier rows, before this round: the QLoRA rows were 22-39 % under until
 their libraries' mechanisms were modelled (``fit.activations._Nf4Linear``,
@@ -960,7 +974,9 @@ RASBT_RUN = (
 RASBT_GPT = dataclasses.replace(fit.shapes.config("gpt2-124m")[1], tied=False)
 
 
-def _rasbt(step: str, gib: float, attention: str | None, why: str = "") -> Measured:
+def _rasbt(
+    step: str, gib: float, attention: str | None, why: str = "", missing: str = ""
+) -> Measured:
     knobs = None
     if attention is not None:
         knobs = dict(
@@ -980,9 +996,18 @@ def _rasbt(step: str, gib: float, attention: str | None, why: str = "") -> Measu
         "reserved",
         knobs,
         why,
+        unit=GiB,
+        missing=missing,
     )
 
 
+_BF16_LOSS = (
+    "not identified to the byte; the likely term: the loss in the logits' own dtype. The book "
+    "calls F.cross_entropy on bf16 logits, with no fp32 upcast, and the calculator's loss "
+    "always upcasts (its peak is at the start of backward, 4.58 GiB of activations and 2.92 "
+    "GiB of transients, where logits-sized tensors are 8 x 1024 x 50257 = 412M elements: 1.53 "
+    "GiB each in fp32, 0.77 GiB in bf16); the excess is 3.1 GiB"
+)
 _FROM_SCRATCH = (
     "the book's own LayerNorm (mean, variance and the normalised copy each saved) and GELU "
     "(the tanh formula written out, several 4x-wide intermediates saved) are not the ops the "
@@ -1020,12 +1045,17 @@ HELD_OUT_2 = (
         "masked q k^T, dropout 0.1 on the weights: the dropout not modelled)",
         11.5645,
         "explicit",
+        # within 10 % (-1.8 %) by two unmodelled terms of about the same size pulling apart, as
+        # read after the comparison: the bf16 loss (step 7's miss, about -3 GiB) and the
+        # dropout on the attention weights (a bool mask and the dropped bf16 copy, 3 B a weight:
+        # 8 x 12 x 1024 x 1024 x 3 B = 0.28 GiB a layer, 3.4 GiB over 12 layers, not counted)
     ),
     _rasbt(
         "step 7: F.scaled_dot_product_attention(is_causal=True, dropout_p=0.1) with one fused "
         "qkv linear",
         5.9004,
         "sdpa",
+        missing=_BF16_LOSS,
     ),
     *(
         _rasbt(step, gib, None, why)
@@ -1543,6 +1573,8 @@ MEASURED = (
 MODELLED = [row for row in MEASURED if row.knobs is not None]
 HELD_OUT_MODELLED = [row for row in HELD_OUT if row.knobs is not None]
 HELD_OUT_2_MODELLED = [row for row in HELD_OUT_2 if row.knobs is not None]
+#: the 55 rows the module docstring's counts before the second held-out set are about
+BEFORE_HELD_OUT_2 = [row for row in MODELLED if row not in HELD_OUT_2_MODELLED]
 
 
 def predicted(row: Measured) -> float:
@@ -1579,13 +1611,14 @@ def _counts(rows):
 def test_the_misses_are_the_rows_that_say_so():
     """The fractions the module's docstring states: 43 of 55 within 10 %, 48 within 20 %; of
     them the held-out rows 23 of 33 and 27, the earlier rows 20 of 22 and 21; 43 of the 52
-    whose figure is their recipe's."""
-    earlier = [row for row in MODELLED if row not in HELD_OUT_MODELLED]
-    assert _counts(MODELLED) == (43, 48, 55)
+    whose figure is their recipe's. The second held-out set on its own: 9 of 10 and 9."""
+    earlier = [row for row in BEFORE_HELD_OUT_2 if row not in HELD_OUT_MODELLED]
+    assert _counts(BEFORE_HELD_OUT_2) == (43, 48, 55)
     assert _counts(HELD_OUT_MODELLED) == (23, 27, 33)
     assert _counts(earlier) == (20, 21, 22)
-    own = [row for row in MODELLED if not _not_its_recipe(row)]
+    own = [row for row in BEFORE_HELD_OUT_2 if not _not_its_recipe(row)]
     assert _counts(own) == (43, 47, 52)
+    assert _counts(HELD_OUT_2_MODELLED) == (9, 9, 10)
     within = [row for row in MODELLED if abs(difference(row)) <= TOLERANCE]
     assert {r.what for r in MODELLED if r not in within} == {r.what for r in MODELLED if r.missing}
 
@@ -1599,7 +1632,7 @@ def test_fsdp1s_median_would_overshoot_the_other_profiles_reserved_rows(monkeypa
     count, ``fit.reserve_pairs``) for every profile, and the assumed 5 % for FSDP1 too."""
     from tutorial_utils.fit import headroom
 
-    earlier = [row for row in MODELLED if row not in HELD_OUT_MODELLED]
+    earlier = [row for row in BEFORE_HELD_OUT_2 if row not in HELD_OUT_MODELLED]
     agree = [
         r
         for r in earlier
@@ -1615,7 +1648,7 @@ def test_fsdp1s_median_would_overshoot_the_other_profiles_reserved_rows(monkeypa
     monkeypatch.undo()
     assumed = dataclasses.replace(fsdp1, fraction=headroom.ASSUMED_RESERVE, band=None)
     monkeypatch.setitem(headroom.RESERVES, "fsdp1", assumed)
-    assert _counts(MODELLED)[:2] == (39, 47) and _counts(HELD_OUT_MODELLED)[:2] == (21, 28)
+    assert _counts(BEFORE_HELD_OUT_2)[:2] == (39, 47) and _counts(HELD_OUT_MODELLED)[:2] == (21, 28)
     assert _counts(earlier)[:2] == (18, 19)
 
 
