@@ -119,6 +119,12 @@ What each source reports decides what is compared:
   context and NCCL's buffers included, ``compares="nvidia-smi"``), not a peak: listed only.
 - torchtune's README table of 2024-04-16 says "Peak Memory per GPU"; its QLoRA figure is the
   QLoRA tutorial's reserved one (9.29 GB), so the table is read as reserved, in GB.
+- fms-acceleration's benchmark CSV gives ``mem_peak_torch_mem_alloc_in_bytes``: rank 0's
+  ``max_memory_allocated()`` over the Trainer's init and train stages, in bytes (its
+  ``benchmark.py``, ``extract_gpu_memory_metrics``): ``peak_bytes``. Its ``nvidia_mem_reserved``
+  column is nvidia-smi's: not compared.
+- LLMs-from-scratch prints ``torch.cuda.memory_reserved() / 1024**3`` as "GB" after an epoch
+  with no ``empty_cache``: the reserved peak in GiB, ``peak_bytes`` + the reserve.
 """
 
 from __future__ import annotations
