@@ -326,8 +326,8 @@ def will_it_fit(
         early = c.root - cfg.max_positions * cfg.d_model - (0 if cfg.tied else emb)
         no_shards = optimizer_in_backward or cpu_offload
         moments, at_moment = _fsdp2_moments(
-            share, moments, forward_acts, block_held, block, head, per["weights"] * early // tp,
-            held_grads, no_shards, layers,
+            share, moments, forward_acts, block_held, block_pass, head,
+            per["weights"] * early // tp, held_grads, no_shards, layers, kept_at_end,
         )  # fmt: skip
     if not optimizer_in_backward:
         moments["optimizer step"] = (kept_graph, 0, grads_share, temps)
@@ -458,6 +458,7 @@ def _fsdp2_moments(
     held_grads,
     no_shards,
     layers,
+    kept_at_end=0,
 ) -> tuple[dict, dict]:
     """FSDP2's moments (``profiles._fsdp2`` says what is gathered at each, and why): the end of
     forward as any profile's; the start of backward with only the root's gradients made before
@@ -469,8 +470,9 @@ def _fsdp2_moments(
     ``no_shards``: the gradient shards are not on the device (stepped in backward and freed,
     or offloaded to the CPU). With the optimizer step in backward each shard steps in its
     unit's ``post_backward``, after the unit's unsharded gradients are freed: its temporaries
-    (a shard's) come at none of these moments. Returns the moments and the bytes gathered at
-    each."""
+    (a shard's) come at none of these moments. ``kept_at_end``: what a loop that keeps its
+    logits still holds of this micro-batch's graph at the end of backward (``kept_graph``).
+    Returns the moments and the bytes gathered at each."""
     shards = dict.fromkeys(share.moment_shards, 0) if no_shards else share.moment_shards
     at = dict(share.at)
 
@@ -487,7 +489,8 @@ def _fsdp2_moments(
             middle, name = before, "block before"
     out["middle of backward"] = middle
     at["middle of backward"] = at[name]
-    out["end of backward"] = in_block(1, "end of backward")
+    acts, *rest = in_block(1, "end of backward")
+    out["end of backward"] = (acts + kept_at_end, *rest)  # ``logits_kept``: this graph's
     return out, at
 
 
