@@ -28,12 +28,25 @@ fp32 gradient reduction (``MixedPrecisionPolicy``, as torchtitan). Each takes tw
 second is counted by PyTorch's ``FSDPMemTracker``, which books every storage by its device and
 by what FSDP uses it for, read after every operator:
 
-- ``end of forward``: after the loss, before backward (what is held then, by category);
-- ``backward peak``: the most held during ``loss.backward()`` (and by category at that moment);
-- ``end of backward``: after backward (every gradient reduce-scattered);
+- ``end of forward``: the most held while the loss is made (what is held after it, by
+  category);
+- ``in backward``: the most held in each of three parts of backward, which hooks on the
+  blocks' outputs mark (``start of backward``: the loss's, the head's and the final norm's;
+  ``middle of backward``: the later blocks'; ``end of backward``: the first block's and the
+  embedding's), with what is held then by category; ``backward peak``: the most of all;
+- ``after backward``: what is held once backward is done (every gradient reduce-scattered);
 - ``optimizer step``: the most held during ``optimizer.step()``;
 - ``in the hooks``: with the optimizer step in backward, the most held while each hook steps;
 - ``on the cpu``: after backward, the CPU's sharded parameters, gradients and optimizer state.
+
+The logits stay referenced until backward is done, as the calculator's head pass keeps them
+(litgpt's loop does; torchtitan's deletes them before backward). Attention runs the kernel a
+CPU runs (``_fused_attention``): on the stand-in device SDPA would take its math path, which
+saves the (batch, heads, seq, seq) probabilities that a GPU's fused kernels do not (11,776
+bytes more per block here).
+
+``--profile``: the same without offloading, for the FSDP2 profile's moments, over
+``SHAPES`` (``tests/test_fit_fsdp2_moments.py``).
 
 What FSDP2 does with the policy (torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/``, git
 cf30153c4c131c8164ee7798e5022d810682e2cb): each sharded parameter is moved to the CPU as it is
@@ -159,7 +172,63 @@ def held(tracker: FSDPMemTracker) -> int:
     return by_category(tracker).get("Total", 0)
 
 
-def step(mesh, offload: bool, recipe: str) -> dict:
+class Windows(Highest):
+    """``Highest`` by window: the most held in each part of backward, named by ``now`` (hooks
+    on the blocks' outputs move it on as backward reaches them)."""
+
+    def __init__(self, tracker: FSDPMemTracker):
+        super().__init__(tracker)
+        self.now, self.peaks, self.at = "start of backward", {}, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t is DTensor for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        now = held(self.tracker)
+        if now > self.peaks.get(self.now, -1):
+            self.peaks[self.now] = now
+            self.at[self.now] = by_category(self.tracker)
+        if now > self.bytes:
+            self.categories = by_category(self.tracker)
+            self.bytes = self.categories.pop("Total")
+        return out
+
+
+def _mark_backward(model, counted: dict) -> None:
+    """Hooks on the last block's and the first block's outputs: when backward reaches them, the
+    window moves on (the head's backward is the start; every block but the first the middle;
+    the first block and the embedding the end). Prepended, so each runs before FSDP2's own
+    pre-backward hook on the same output (``_fsdp_state.py`` ``_register_pre_backward_hook``):
+    the block's all-gather copy-out and its prefetch fall in the block's window."""
+
+    def on_output(name):
+        def forward_hook(module, args, output):
+            def grad_hook(grad):
+                if counted.get("windows") is not None:
+                    counted["windows"].now = name
+                return grad
+
+            output.register_hook(grad_hook)
+
+        return forward_hook
+
+    if len(model.blocks) > 1:
+        model.blocks[-1].register_forward_hook(on_output("middle of backward"), prepend=True)
+    model.blocks[0].register_forward_hook(on_output("end of backward"), prepend=True)
+
+
+def _fused_attention(
+    q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """What ``scaled_dot_product_attention`` runs on a CPU (and a GPU's fused kernels save
+    alike: the output and a log-sum-exp per row): the stand-in device has no fused kernel of
+    its own, so SDPA would take its math path and save the (B, heads, T, T) probabilities."""
+    assert attn_mask is None and dropout_p == 0.0
+    fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return fused(q, k, v, dropout_p, is_causal, scale=scale)[0]
+
+
+def step(mesh, offload: bool, recipe: str, cfg: DecoderConfig = CFG) -> dict:
     """Two steps of ``recipe`` (see ``RECIPES``) with or without offloading; the second counted."""
     policy = CPUOffloadPolicy(pin_memory=False) if offload else OffloadPolicy()
     options: dict = {}
@@ -169,12 +238,13 @@ def step(mesh, offload: bool, recipe: str) -> dict:
         options["mp_policy"] = MixedPrecisionPolicy(torch.bfloat16, torch.float32)
     with FakeTensorMode():
         with torch.device(ACCEL):
-            model = Decoder(CFG)
+            model = Decoder(cfg)
         for block in model.blocks:
             fully_shard(block, mesh=mesh, offload_policy=policy, **options)
         fully_shard(model, mesh=mesh, offload_policy=policy, **options)
         tokens = torch.zeros(BATCH, SEQ, dtype=torch.long, device=ACCEL)
         counted: dict = {"tokens": tokens.untyped_storage().nbytes(), "in the hooks": []}
+        _mark_backward(model, counted)
         if recipe == "optimizer in backward":  # notebook 03, section 7: one AdamW a parameter
             optimizer = None
             for p in model.parameters():
@@ -191,15 +261,26 @@ def step(mesh, offload: bool, recipe: str) -> dict:
                 if recipe == "2 micro-batches":  # the first micro-batch's gradients are kept
                     cross_entropy(model(tokens)).backward()
                     tracker.reset_mod_stats()  # the tracker's per-module books: one pass each
-                loss = cross_entropy(model(tokens))
-                counted["end of forward"] = held(tracker)
+                with Highest(tracker) as forward:
+                    # the logits stay referenced through backward, as the calculator's head
+                    # pass keeps them (and litgpt's loop; torchtitan's deletes them first)
+                    logits = model(tokens)
+                    with Highest(tracker) as at_loss:  # the loss and its 0-d buffers
+                        loss = cross_entropy(logits)
+                counted["forward peak"] = forward.bytes
+                counted["end of forward"] = at_loss.bytes
                 counted["at the end of forward"] = by_category(tracker)
                 del counted["at the end of forward"]["Total"]
-                with Highest(tracker) as backward:
+                with Windows(tracker) as backward:
+                    counted["windows"] = backward
                     loss.backward()
+                counted["windows"] = None
                 counted["backward peak"] = backward.bytes
                 counted["at the backward peak"] = backward.categories
-                counted["end of backward"] = held(tracker)
+                counted["in backward"] = dict(backward.peaks)
+                counted["at the peaks in backward"] = dict(backward.at)
+                del logits
+                counted["after backward"] = held(tracker)
                 counted["on the cpu"] = by_category(tracker, "cpu")
                 del loss
                 if optimizer is not None:
@@ -208,7 +289,7 @@ def step(mesh, offload: bool, recipe: str) -> dict:
                     counted["optimizer step"] = stepping.bytes
                     optimizer.zero_grad()
         counted["shards on"] = sorted({p.to_local().device.type for p in model.parameters()})
-    del counted["tracker"]
+    del counted["tracker"], counted["windows"]
     return counted
 
 
@@ -228,8 +309,31 @@ def _step_in_backward(counted: dict):
     return hook
 
 
+#: The FSDP2 profile's shapes: (blocks, ranks, vocabulary), two of each of the first two, so a
+#: term per block or per rank that is wrong cannot hide (``--profile``). The vocabulary is a
+#: knob for what is not held yet: with (2, 2, 4096) the middle and end of backward are not
+#: what the profile says (``test_fit_fsdp2_moments.py``'s docstring)
+SHAPES = ((2, 4, 256), (3, 4, 256), (3, 2, 256))
+
+
 def main() -> None:
+    profile = "--profile" in sys.argv[1:]  # the FSDP2 profile's grid, no offloading
     _setup_privateuseone_for_python_backend(ACCEL, backend_module=Accel())
+    torch.nn.functional.scaled_dot_product_attention = _fused_attention
+    shape = {"config": dataclasses.asdict(CFG), "batch": BATCH, "seq": SEQ, "world": WORLD}
+    if profile:
+        grid = []
+        for layers, world, vocab in SHAPES:
+            dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+            mesh = init_device_mesh(ACCEL, (world,))
+            cfg = dataclasses.replace(CFG, n_layers=layers, vocab=vocab)
+            try:
+                runs = {recipe: step(mesh, False, recipe, cfg) for recipe in RECIPES}
+            finally:
+                dist.destroy_process_group()
+            grid.append({**shape, "config": dataclasses.asdict(cfg), "world": world, "runs": runs})
+        print(json.dumps({"torch": torch.__version__, "grid": grid}))
+        return
     dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
     mesh = init_device_mesh(ACCEL, (WORLD,))  # made before the fake mode: it reads ranks
     try:
@@ -239,7 +343,6 @@ def main() -> None:
         }
     finally:
         dist.destroy_process_group()
-    shape = {"config": dataclasses.asdict(CFG), "batch": BATCH, "seq": SEQ, "world": WORLD}
     print(json.dumps({**shape, "torch": torch.__version__, "runs": runs}))
 
 

@@ -19,6 +19,10 @@ A loop that keeps its logits (``logits_kept``, litgpt's) keeps the micro-batch's
 next forward returns, and what that graph still holds (``kept_graph``): the previous
 micro-batch's at the end of forward, this one's at the end of backward and at the step.
 
+FSDP2 adds a fifth, the middle of backward (a later block's, with the block before it
+prefetched and the last block's reduce-scatter input kept), and counts at each moment what its
+code keeps then (profiles: the root gathered from forward on, no gradient before backward).
+
 Activations are freed as gradients appear, so the two never peak together; measured peaks
 (torchtitan's) show the same. With gradient accumulation the gradients of the earlier
 micro-batches are held through the later forwards; with the optimizer step in backward
@@ -316,13 +320,24 @@ def will_it_fit(
             temps if optimizer_in_backward else 0,
         ),
     }
+    at_moment: dict[str, int] = {}
+    if share.at is not None:  # FSDP2: what is gathered and in flight, moment by moment
+        emb = cfg.vocab * cfg.d_model  # the root's gradients made before the blocks' (below)
+        early = c.root - cfg.max_positions * cfg.d_model - (0 if cfg.tied else emb)
+        no_shards = optimizer_in_backward or cpu_offload
+        moments, at_moment = _fsdp2_moments(
+            share, moments, forward_acts, block_held, block_pass, head,
+            per["weights"] * early // tp, held_grads, no_shards, layers, kept_at_end,
+        )  # fmt: skip
     if not optimizer_in_backward:
         moments["optimizer step"] = (kept_graph, 0, grads_share, temps)
     fixed = states["weights"] + states["master weights"] + states["optimizer state"]
     fixed += share.buckets
     computing = share.gathered + share.kept_gathered
     peaks = {
-        name: fixed + sum(parts) + (computing if name != "optimizer step" else 0)
+        name: fixed
+        + sum(parts)
+        + (at_moment.get(name, computing) if name != "optimizer step" else 0)
         for name, parts in moments.items()
     }
     loading = lora is not None and lora.base != "bf16" and not cpu_offload
@@ -339,7 +354,9 @@ def will_it_fit(
         "master weights": states["master weights"],
         "optimizer state": states["optimizer state"] if at != "loading the base" else 0,
         "DDP buckets": share.buckets,
-        "gathered unit": computing if at not in ("optimizer step", "loading the base") else 0,
+        "gathered unit": (
+            at_moment.get(at, computing) if at not in ("optimizer step", "loading the base") else 0
+        ),
         "activations": acts,
         "transient": transient,
         "step temporaries": temps_now,
@@ -428,6 +445,53 @@ def will_it_fit(
             block=block,
         ),
     )
+
+
+def _fsdp2_moments(
+    share,
+    moments,
+    forward_acts,
+    block_held,
+    block,
+    head,
+    root_grads,
+    held_grads,
+    no_shards,
+    layers,
+    kept_at_end=0,
+) -> tuple[dict, dict]:
+    """FSDP2's moments (``profiles._fsdp2`` says what is gathered at each, and why): the end of
+    forward as any profile's; the start of backward with only the root's gradients made before
+    the blocks' (``root_grads``: the final norm's and the head's, a tied head's into the
+    embedding's), which the root keeps unsharded to the end of backward; the middle, in the
+    last block's backward or the one before it, whichever holds more (the last holds every
+    block's activations, the one before the last's reduce-scatter input and gradient shard);
+    the end, in the first block's. A block's unsharded gradients are there in its backward.
+    ``no_shards``: the gradient shards are not on the device (stepped in backward and freed,
+    or offloaded to the CPU). With the optimizer step in backward each shard steps in its
+    unit's ``post_backward``, after the unit's unsharded gradients are freed: its temporaries
+    (a shard's) come at none of these moments. ``kept_at_end``: what a loop that keeps its
+    logits still holds of this micro-batch's graph at the end of backward (``kept_graph``).
+    Returns the moments and the bytes gathered at each."""
+    shards = dict.fromkeys(share.moment_shards, 0) if no_shards else share.moment_shards
+    at = dict(share.at)
+
+    def in_block(held_blocks, name):
+        grads = (held_grads or share.block_shard * shards[name]) + root_grads + share.block_grads
+        return (held_blocks * block_held, block.backward_over, grads, 0)
+
+    out = dict(moments)
+    out["start of backward"] = (forward_acts, head.backward_over, held_grads + root_grads, 0)
+    middle, name = in_block(layers, "last block"), "last block"
+    if layers > 2:
+        before = in_block(layers - 1, "block before")
+        if sum(before) + at["block before"] > sum(middle) + at["last block"]:
+            middle, name = before, "block before"
+    out["middle of backward"] = middle
+    at["middle of backward"] = at[name]
+    acts, *rest = in_block(1, "end of backward")
+    out["end of backward"] = (acts + kept_at_end, *rest)  # ``logits_kept``: this graph's
+    return out, at
 
 
 def _extras(

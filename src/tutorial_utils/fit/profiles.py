@@ -11,12 +11,15 @@ and what the profile adds at its compute moments, for
   is torchtitan's (``fully_shard`` on each block, then on the root: embedding, final norm and
   head), so the largest unit is the root for Llama 8B and a block for GPT-2. ``fsdp`` has
   always meant this here.
-- **FSDP2** (``fully_shard``, per-parameter DTensor shards): ZeRO-3's states and units, plus
-  ``reshard_after_forward=False`` (every block's gathered weights kept from forward to
-  backward, in storage of their own beside the shards) and
-  ``MixedPrecisionPolicy(reduce_dtype=float32)`` over 16-bit parameters (each unit's gradients
-  cast to fp32 before the reduce-scatter: 4 more bytes per unit parameter).
-  ``tests/test_fit_profiles.py`` holds DDP, ZeRO-1 and FSDP2 to what 2 gloo ranks measure.
+- **FSDP2** (``fully_shard``, per-parameter DTensor shards, wrapped as torchtitan wraps it):
+  ZeRO-3's states, and moment by moment what FSDP2's own code keeps (``_fsdp2`` cites the
+  lines): the root gathered from its forward to the end of backward, a block for its forward
+  (or, with ``reshard_after_forward=False``, to its gradient), in backward the block before
+  prefetched and the last block's reduce-scatter input (in ``reduce_dtype``) kept until the
+  next unit's; with bf16 parameters the fp32 shards are the only copy of the weights.
+  ``tests/test_fit_profiles.py`` holds its states and gathered units to what 2 gloo ranks
+  measure, ``tests/test_fit_fsdp2_moments.py`` what it adds at every moment of a decoder's
+  step to what FSDP2 holds on the fake process group.
 - **FSDP1** (``FullyShardedDataParallel``, flat parameters): each unit's parameters are one
   flat tensor, padded to a multiple of the ranks, each rank keeping 1/ranks of it (the padding
   is stored, stepped and gathered too). The root unit (embedding, final norm, head) is not
@@ -140,6 +143,10 @@ class Spread:
     unit: str  # what the largest unit is, said in words
     unit_weights: int = 0  # of ``gathered``: the unit's gathered weights alone
     unsharded_grads: int = 0  # FSDP1 under no_sync: every unit's gradient, kept unsharded
+    at: dict[str, int] | None = None  # FSDP2: gathered and in flight at each moment
+    moment_shards: dict[str, int] | None = None  # FSDP2: blocks' gradient shards then
+    block_shard: int = 0  # FSDP2: one block's gradient shard
+    block_grads: int = 0  # FSDP2: one block's unsharded gradients
 
 
 def spread(
@@ -188,6 +195,11 @@ def spread(
             no_sync and not frozen_root,
             no_sync and trainable_fraction > 0,
         )
+    if sharding == "fsdp2":
+        return _fsdp2(
+            shared, fraction, c, mesh, stage_n, weight_bytes, grad_bytes,
+            4 if reduce_fp32 else grad_bytes, trainable_fraction, reshard_after_forward,
+        )  # fmt: skip
     unit_n, name = max(
         (c.root, "the root (embedding, final norm, output head)"), (c.block, "one block")
     )
@@ -195,12 +207,96 @@ def spread(
     words = f"{name}, {unit_n / 1e6:,.0f} M parameters"
     grads = int(grad_bytes * unit_n * trainable_fraction)
     w = weight_bytes * unit_n
-    # Gathered weights live in their own storage, beside the shards (zero_stages.py measures it)
-    every_unit = int(weight_bytes * stage_n / mesh.tp)
-    extra = 4 * unit_n if sharding == "fsdp2" and reduce_fp32 and grad_bytes < 4 else 0
-    if sharding == "fsdp2" and not reshard_after_forward:  # every unit kept from forward on
-        return Spread(shared, fraction, grads + extra, every_unit, 0, words, w)
-    return Spread(shared, fraction, w + grads + extra, 0, 0, words, w)
+    return Spread(shared, fraction, w + grads, 0, 0, words, w)
+
+
+def _fsdp2(
+    shared: dict[str, int],
+    fraction: float,
+    c: Counts,
+    mesh: Mesh,
+    stage_n: float,
+    weight_bytes: int,
+    grad_bytes: int,
+    reduce_bytes: int,
+    trainable_fraction: float,
+    reshard_after_forward: bool,
+) -> Spread:
+    """FSDP2's share, unit by unit, as ``fully_shard`` on each block and then the root keeps it
+    (torch 2.13.0, ``torch/distributed/fsdp/_fully_shard/``, git cf30153c; ``tests/
+    fit_cpu_offload_fake.py --profile`` counts each moment, ``test_fit_fsdp2_moments.py``):
+
+    - the root is not resharded after forward (``_fsdp_state.py`` 203-207: its
+      ``post_forward_mesh_info`` is None), so its gathered weights stay from its forward to its
+      gradient, at the very end of backward; a block is gathered for its forward and resharded
+      after it (``_fsdp_param_group.py`` ``post_forward`` 556-566), or, with
+      ``reshard_after_forward=False``, kept until its own gradient is made (``post_backward``
+      606-609 reshards it then: ``reshard_after_backward`` is True);
+    - no gradient buffer exists before backward: the end of forward holds the kept weights only;
+    - each unit's ``pre_backward`` all-gathers the unit that ran before it in forward
+      (``_backward_prefetch``, ``_fsdp_param_group.py`` 795-831; the root's, from
+      ``_fsdp_state.py`` ``_pre_backward`` 381-391): from the start of backward one more block
+      is on the device, as its all-gather output, until its own backward copies it out (a
+      no-op where it is still gathered: ``unshard``, 376-377);
+    - a block's unsharded gradients (the parameters' dtype) are copied into a reduce-scatter
+      input in ``reduce_dtype`` (``foreach_reduce``, ``_fsdp_collectives.py`` 597), which is kept
+      until the next unit's ``post_backward`` (``reduce_scatter_max_input_buffers`` = 1,
+      ``_fsdp_param_group.py`` 112 and 640-659), beside the new gradient shard;
+    - with bf16 parameters (``MixedPrecisionPolicy(param_dtype=bf16)``) the shards stay in fp32
+      and are the only copy (cast as they are gathered), and each gradient shard is cast back to
+      fp32 (``_fsdp_collectives.py`` 696): the mixed recipe's 16-bit weights and gradients are
+      fp32 gradient shards, with no 16-bit copy of the weights.
+
+    ``at``: the bytes gathered or in flight at each moment, besides the gradient shards; with
+    ``moment_shards``: how many blocks' gradient shards exist then (``block_shard`` each).
+    """
+    states = dict(shared)
+    if states.get("master weights") and weight_bytes < 4:  # the shards are the fp32 copy
+        states["gradients"] += states["weights"]
+        states["weights"] = 0
+    root = (c.root if mesh.pp == 1 else max(c.root_tensors, default=0)) // mesh.tp
+    block, layers = c.block // mesh.tp, -(-c.n_layers // mesh.pp)
+    root_w, block_w = weight_bytes * root, weight_bytes * block
+    block_g = int(grad_bytes * block * trainable_fraction)  # a block's unsharded gradients
+    rs = int(reduce_bytes * block * trainable_fraction)  # their reduce-scatter input
+    if reshard_after_forward:
+        kept = root_w
+
+        def gathered(k):  # at block k's backward: the root, block k, block k - 1 prefetched
+            return root_w + block_w + (block_w if k > 0 else 0)
+
+        prefetched = block_w if layers else 0  # the root's pre-backward prefetches the last block
+    else:
+        kept = root_w + layers * block_w
+
+        def gathered(k):  # blocks after k resharded by their post_backward
+            return root_w + (k + 1) * block_w
+
+        prefetched = 0  # every block still gathered: its unshard is a no-op
+    # the start (with the root's prefetch of the last block), the last block (no reduce-scatter
+    # input yet), the one before it (the last's input and shard kept),
+    # and the first (every later block's shard); a block's unsharded gradients (``block_g``)
+    # are there in its backward
+    last = layers - 1
+    at = {
+        "end of forward": kept,
+        "start of backward": kept + prefetched,
+        "last block": gathered(last),
+        "block before": gathered(last - 1) + rs if layers > 1 else 0,
+        "end of backward": gathered(0) + (rs if layers > 1 else 0),
+    }
+    shards = {"last block": 0, "block before": 1, "end of backward": max(layers - 1, 0)}
+    n_local = root + layers * block
+    block_shard = states["gradients"] * block // n_local if n_local else 0
+    words = (
+        f"the root, {root / 1e6:,.0f} M parameters, kept gathered, and one block, "
+        f"{block / 1e6:,.0f} M, with the next prefetched"
+    )
+    biggest = max(v for k, v in at.items())
+    return Spread(
+        states, fraction, biggest - kept, kept, 0, words, root_w + block_w,
+        at=at, moment_shards=shards, block_shard=block_shard, block_grads=block_g,
+    )  # fmt: skip
 
 
 def _fsdp1(
