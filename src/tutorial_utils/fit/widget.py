@@ -121,11 +121,11 @@ _READ = {
     "n_gpus": lambda v: inputs.positive_int("n_gpus", v, largest=2**20),
     "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else cards.gpu(v).name,
     "optimizer_impl": inputs.optimizer_impl,
-    "lora_rank": lambda v: 0 if v == 0 else inputs.positive_int("lora_rank", v, 2**16),
+    "lora_rank": lambda v: _zero_or_count("lora_rank", v, 2**16),  # 0: full training
     "lora_targets": inputs.lora_targets,
     "lora_base": lambda v: _one_of("lora_base", v, tuple(value for _, value in LORA_BASES)),
     "lora_dropout": lambda v: _probability("lora_dropout", v),
-    "pp_microbatches": lambda v: 0 if v == 0 else inputs.positive_int("pp_microbatches", v),
+    "pp_microbatches": lambda v: _zero_or_count("pp_microbatches", v, 2**16),  # 0: as pp
     "reduce_dtype": lambda v: _one_of("reduce_dtype", v, ("param", "fp32")),
     "gradient_sync": lambda v: _one_of("gradient_sync", v, ("every", "last")),
     "block": inputs.block,
@@ -152,6 +152,13 @@ def _labelled(name: str, values: set) -> list:
     if name != "pp_microbatches":
         return sorted(values)
     return [("as pp", 0) if v == 0 else (str(v), v) for v in sorted(values)]
+
+
+def _zero_or_count(name: str, value, largest: int) -> int:
+    """0, or a whole number from 1 (0.0 and False are refused as every count refuses them)."""
+    if type(value) is int and value == 0:
+        return 0
+    return inputs.positive_int(name, value, largest)
 
 
 def _probability(name: str, value) -> float:
