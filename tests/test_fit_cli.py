@@ -406,3 +406,21 @@ def test_litgpt_s_qlora_recipe_on_the_command_line_is_the_published_row_s_answer
     assert no_graph.peak_bytes < report.peak_bytes
     with_dq = will_it_fit("llama-2-7b", 1, 512, **(LITGPT_KNOBS | {"nf4_double_quant": True}))
     assert with_dq.model_states["weights"] < report.model_states["weights"]
+
+
+def test_the_readme_s_calculator_section_names_every_option():
+    """README's "Will it fit?" section lists the calculator's knobs: each option of the parser
+    is named there, so a flag added to the CLI and left out of the README fails here."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("## Will it fit?")
+    section = readme[start : readme.index("\n## ", start)]
+    unnamed = [
+        action.option_strings[-1]
+        for action in fit_cli.parser()._actions
+        if action.option_strings
+        and not any(re.search(re.escape(o) + r"(?![\w-])", section) for o in action.option_strings)
+    ]
+    assert not unnamed, f"README's calculator section does not name {unnamed}"
