@@ -178,6 +178,21 @@ def _widgets():
     return ipywidgets
 
 
+def _picture(w):
+    """An Image widget whose tooltip (the chart's title on hover) the page can show.
+
+    ipywidgets 8's front end sets a tooltip only where the model's ``description`` is empty
+    text, and an Image has no description: its view fails to draw ("Cannot read properties of
+    undefined (reading 'length')", jupyterlab_widgets 3.0). An empty description, synced, is
+    what it reads."""
+    import traitlets
+
+    class Picture(w.Image):
+        description = traitlets.Unicode("").tag(sync=True)
+
+    return Picture(format="png")
+
+
 def _png(report: fit_report.FitReport) -> tuple[bytes, str]:
     """The report's bar as PNG bytes, and the chart's title (matplotlib's Agg canvas; no pyplot
     state is touched)."""
@@ -259,7 +274,7 @@ class Calculator:
         self.summary.add_class("tu-fit-summary")
         # A PNG in an Image widget, not a figure shown in an Output widget: the picture is the
         # widget's value, so it redraws the same in JupyterLab, Colab and a test kernel
-        self.picture = w.Image(format="png")
+        self.picture = _picture(w)
         self.picture.add_class("tu-fit-picture")
         # One row per question: the model and shape, the recipe, the profile over GPUs, LoRA
         # and its base, the loop (loss, micro-batches), what is offloaded or stepped early
