@@ -13,6 +13,11 @@ answer, the advice when it does not fit, the summary, the bar rendered to a PNG)
 - another new batch;
 - a shape seen before, answered from the cache.
 
+Then, on llama-8b (ZeRO-3 over 8 GPUs, the widget's profile), a change of each knob added for
+litgpt's and Lightning's recipes, from that answer: first with both caches cleared (what a
+learner's first turn of it costs; bitsandbytes' NF4 and LoRA dropout have no formula, so their
+fake-tensor pass runs), then the same change again (answered from the cache).
+
 Each is repeated ``--runs`` times and the median printed, with the minimum and maximum beside
 it, then the machine's load average, since a busy machine is slower. The unit tests check what
 keeps an update quick (one answer per change, fake passes only for a new shape, one block each:
@@ -33,6 +38,24 @@ matplotlib.use("Agg")
 from tutorial_utils import fit  # noqa: E402
 from tutorial_utils.calculator import Calculator  # noqa: E402
 from tutorial_utils.decoder import PRESETS  # noqa: E402
+
+BASE = dict(preset="llama-8b", seq=2048, batch=1, sharding="zero3", n_gpus=8)
+#: The widget's controls added for litgpt's and Lightning's recipes, each as a change from BASE.
+KNOB_CHANGES = {
+    "block litgpt": dict(block="litgpt"),
+    "logits_kept": dict(logits_kept=True),
+    "QLoRA, bnb NF4": dict(lora_rank=8, lora_base="bnb-nf4"),
+    "  no double quant": dict(lora_rank=8, lora_base="bnb-nf4", nf4_double_quant=False),
+    "LoRA dropout 0.05": dict(lora_rank=8, lora_dropout=0.05),
+    "paged-adamw": dict(optimizer="paged-adamw"),
+    "fsdp1 no_sync": dict(sharding="fsdp1", grad_accumulation=4, gradient_sync="last"),
+    "pp 4, 2 micro": dict(pp=4, pp_microbatches=2),
+}
+
+
+def clear_caches() -> None:
+    fit.activations.activations.cache_clear()  # every run answers from scratch
+    fit.activation_formulas.activations.cache_clear()
 
 
 def summary(seconds: list[float]) -> str:
@@ -62,8 +85,7 @@ def main() -> None:
         seq = 1024 if name.startswith("gpt2") else 2048
         times: dict[str, list[float]] = {"new": [], "again": [], "cached": []}
         for _ in range(args.runs):
-            fit.activations.activations.cache_clear()  # every run answers from scratch
-            fit.activation_formulas.activations.cache_clear()
+            clear_caches()
             calc.set(preset=name, seq=seq, batch=3, sharding="zero3", n_gpus=8)
             times["new"].append(calc.updates[-1])
             calc.set(batch=5)
@@ -71,6 +93,21 @@ def main() -> None:
             calc.set(batch=3)
             times["cached"].append(calc.updates[-1])
         print(f"{name:>10}  " + "  ".join(summary(times[k]) for k in ("new", "again", "cached")))
+    print(f"\na knob turned on llama-8b, zero3 over 8 GPUs: medians of {args.runs} runs (min-max)")
+    print(f"{'knob':>18}  {'caches cleared':>19}  {'cached':>19}")
+    defaults = {name: calc.values()[name] for name in {k for c in KNOB_CHANGES.values() for k in c}}
+    for name, change in KNOB_CHANGES.items():
+        cold, warm = [], []
+        for _ in range(args.runs):
+            calc.set(**{**defaults, **BASE})
+            clear_caches()
+            calc.set(**change)
+            cold.append(calc.updates[-1])
+            calc.set(**defaults)
+            calc.set(**change)
+            warm.append(calc.updates[-1])
+            assert calc.report is not None, f"{name}: {calc.error}"
+        print(f"{name:>18}  {summary(cold)}  {summary(warm)}")
     print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 

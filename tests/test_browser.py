@@ -2,7 +2,8 @@
 
 Two notebooks: a LiveGauge (its bars and numbers must change while a cell allocates), and the
 "will it fit" calculator (moving its batch slider with the keyboard, then its LoRA rank dropdown,
-must each redraw the bar and the verdict).
+then ticking its logits_kept box must each redraw the bar and the verdict, and the chart's title,
+read from the picture's tooltip, must say what the verdict says).
 
 Each starts ``jupyter lab`` on 127.0.0.1 with a token in a temporary root holding one of
 ``tests/browser/*.py`` (converted to a notebook with jupytext), drives Debian's Chromium
@@ -264,6 +265,7 @@ def _read_calculator(page) -> dict:
         """() => ({
             summary: (document.querySelector('.tu-fit-summary') || {}).textContent || '',
             image: (document.querySelector('img.tu-fit-picture') || {}).src || '',
+            title: (document.querySelector('img.tu-fit-picture') || {}).title || '',
             batch: [...document.querySelectorAll('.widget-slider')]
                 .filter(e => e.textContent.includes('batch'))
                 .map(e => (e.querySelector('.widget-readout') || {}).textContent)[0],
@@ -289,9 +291,19 @@ def _wait_redrawn(page, before: dict, says: str) -> dict:
     return _read_calculator(page)
 
 
+def _chart_agrees(shown: dict) -> None:
+    """The chart's title ("gpt2-124m, batch 8 x 512: fits: 4.31 GiB per GPU", the picture's
+    tooltip) and the verdict beside it give the same answer and the same total."""
+    asked, verdict, total = shown["title"].split(": ")
+    assert verdict in ("fits", "does not fit"), shown["title"]
+    assert asked in shown["summary"] and f"{verdict} on" in shown["summary"], shown
+    assert f"needs {total}" in shown["summary"], shown
+
+
 def test_calculator_bar_and_verdict_redraw_when_two_knobs_move(browser_ready, tmp_path):
-    """The batch slider (by keyboard), then the LoRA rank dropdown: each redraws the bar and
-    the verdict, and the verdict names the knob's effect."""
+    """The batch slider (by keyboard), the LoRA rank dropdown, then the logits_kept box (a knob
+    added for litgpt's recipe): each redraws the bar and the verdict, the verdict names the
+    knob's effect, and the chart's title agrees with the verdict after each."""
     with _lab_page(CALCULATOR_SOURCE, tmp_path, "browser_calculator") as page:
         page.wait_for_selector("img.tu-fit-picture", timeout=120_000)
         first = _read_calculator(page)
@@ -303,6 +315,9 @@ def test_calculator_bar_and_verdict_redraw_when_two_knobs_move(browser_ready, tm
         rank = page.locator(".widget-dropdown", has_text="lora_rank").locator("select").first
         rank.select_option(label="16")
         third = _wait_redrawn(page, second, "LoRA rank 16")
+        kept = page.locator(".widget-checkbox", has_text="logits_kept").locator("input").first
+        kept.check()
+        fourth = _wait_redrawn(page, third, "logits (and graph) kept")
 
     assert "per GPU" in first["summary"] and "fits on" in first["summary"], first
     assert first["image"].startswith(("blob:", "data:image/png")), first["image"][:40]
@@ -313,3 +328,7 @@ def test_calculator_bar_and_verdict_redraw_when_two_knobs_move(browser_ready, tm
     assert third["image"] != second["image"], "the bar did not redraw for the LoRA rank"
     assert "LoRA rank 16" in third["summary"] and "fits on" in third["summary"], third
     assert third["batch"] == "8", third  # the first knob kept its place
+    assert fourth["image"] != third["image"], "the bar did not redraw for logits_kept"
+    assert "LoRA rank 16" in fourth["summary"], fourth  # the second knob kept its place too
+    for shown in (first, second, third, fourth):
+        _chart_agrees(shown)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -213,6 +215,13 @@ BAD_VALUES = {
     "n_gpus": st.integers(max_value=0) | st.floats(),
     "gpu": st.sampled_from(["GTX 9090", "lots", "-1GB", "1e999GB"]) | st.integers(max_value=0),
     "headroom": st.integers() | st.text(max_size=3) | st.none(),
+    "logits_kept": st.integers() | st.text(max_size=3) | st.none(),
+    "nf4_double_quant": st.integers() | st.none(),
+    "lora_dropout": st.floats(min_value=1) | st.floats(max_value=-1e-9) | st.booleans(),
+    "lora_base": st.sampled_from(["nf4-bnb", "int4", "bitsandbytes"]) | st.none(),
+    "pp_microbatches": st.integers(max_value=-1) | st.floats() | st.just(False),
+    "block": st.sampled_from(["llama", "hf"]) | st.integers(),
+    "gradient_sync": st.sampled_from(["first", "never"]) | st.booleans(),
 }
 
 
@@ -262,6 +271,7 @@ def _agrees(calc: Calculator) -> None:
     word = {True: "fits:", False: "does not fit:", None: "needs"}[calc.report.fits]
     assert word in calc.chart_title and calc.report.preset in calc.chart_title
     assert bytes(calc.picture.value) == fit.widget._png(calc.report)[0]
+    assert calc.picture.tooltip == calc.chart_title, "the title a browser reads on hover"
 
 
 @pytest.mark.heavy
@@ -275,6 +285,8 @@ def test_every_knob_is_shown_and_the_verdict_and_the_chart_never_disagree():
         assert knob in calc.knobs
     for knob in ("lora_base", "pp", "cp", "reshard_after_forward", "reduce_dtype"):
         assert knob in calc.knobs
+    learners = set(inspect.signature(fit.will_it_fit).parameters) - {"nf4_chunk"}
+    assert learners == set(calc.knobs), "every knob but torchao's chunk is a control"
     _agrees(calc)
     for knobs in (
         {"batch": 64},  # does not fit on 24 GB
@@ -290,3 +302,34 @@ def test_every_knob_is_shown_and_the_verdict_and_the_chart_never_disagree():
         assert (calc.report is None) == ("n_gpus" in knobs and knobs["n_gpus"] == 1), calc.error
     assert calc.report.arguments["optimizer_in_backward"] is True
     assert "activations offloaded" in calc.summary.value
+
+
+@pytest.mark.heavy  # bitsandbytes' NF4 base and LoRA dropout have no formula: fake tensors
+def test_the_knobs_of_litgpt_s_recipe_each_move_the_answer_that_will_it_fit_gives():
+    """Each control added for litgpt's rows (its block, the kept logits, bitsandbytes' NF4
+    without double quantization, LoRA's dropout), FSDP1's gradient sync and PP's micro-batches
+    turns the answer ``will_it_fit`` gives for the same knobs, and the verdict and the chart on
+    show agree after each; a combination it refuses is said, not raised."""
+    calc = Calculator(preset="llama-2-7b", seq=512, precision="pure-bf16", sharding="none")
+    calc.set(n_gpus=1, gpu="A10G", grad_accumulation=4)
+    for knobs in (
+        {"block": "litgpt"},
+        {"logits_kept": True},
+        {"lora_rank": 8, "lora_targets": "qv", "optimizer": "paged-adamw"},
+        {"lora_base": "bnb-nf4"},
+        {"nf4_double_quant": False},
+        {"lora_dropout": 0.05},
+        {"sharding": "fsdp1", "n_gpus": 4, "gradient_sync": "last"},
+        {"sharding": "none", "gradient_sync": "every", "logits_kept": False, "pp": 4},
+        {"pp_microbatches": 2},  # fewer than the 4 stages: 2 in flight (1F1B), not 4
+    ):
+        before = calc.report
+        calc.set(**knobs)
+        _agrees(calc)
+        asked = {k: v for k, v in calc.values().items()} | {"gpu": "A10G"}
+        assert calc.report == fit.will_it_fit(**asked), knobs
+        assert calc.report.peaks != before.peaks, f"{knobs} left the answer as it was"
+    calc.set(lora_base="nf4")  # torchao's NF4 always has double quantization
+    _agrees(calc)
+    assert calc.report is None and "nf4_double_quant=False is bitsandbytes'" in calc.error
+    assert calc.knobs["pp_microbatches"].options[0] == ("as pp", 0)

@@ -73,6 +73,21 @@ def test_help_describes_every_option_and_comes_before_torch():
         (["gpt2", "--gpu", "H100", "--gpu-memory", "24GB"], "not allowed with argument"),
         (["gpt2", "--colour", "red"], "unrecognized arguments: --colour red"),
         (["gpt2", "--seq", "4096"], "gpt2-124m has 1024 learned positions; give --seq 1024"),
+        (["llama-2-7b", "--no-double-quant"], "give --lora RANK --qlora --qlora-library bitsa"),
+        (
+            ["llama-2-7b", "--lora", "8", "--qlora", "--no-double-quant"],
+            "--no-double-quant is bitsandbytes' NF4 without double quantization (torchao's",
+        ),
+        (["llama-2-7b", "--qlora-library", "bitsandbytes"], "whose NF4 holds the base: give --q"),
+        (["llama-2-7b", "--lora", "8", "--qlora", "--qlora-library", "bnb"], "invalid choice"),
+        (["llama-2-7b", "--lora-dropout", "0.05"], "on LoRA's adapters: give --lora RANK too"),
+        (["llama-2-7b", "--lora", "8", "--lora-dropout", "1"], "a probability from 0 to below 1"),
+        (["llama-2-7b", "--lora", "8", "--lora-dropout", "x"], "a probability from 0 to below 1"),
+        (["llama-2-7b", "--pp-microbatches", "8"], "feeds a pipeline: give --pp 2 or more too"),
+        (
+            ["llama-2-7b", "--logits-kept", "--tp", "2", "--gpus", "2"],
+            "--logits-kept is modelled for one GPU, DDP and FSDP: leave out --tp, --pp and --cp",
+        ),
     ],
 )
 def test_argument_errors_are_one_sentence_without_torch(args, message, capsys, monkeypatch):
@@ -320,3 +335,92 @@ def test_gradient_sync_last_asks_for_fsdp1_s_no_sync(capsys):
     assert fit_cli.main([*base[:2], "zero3", *base[3:], "--gradient-sync", "last"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fit: gradient_sync='last'") and err.count("\n") == 1, err
+
+
+#: litgpt 8641822's finetune/lora.py under --quantize bnb.nf4, as tests/test_fit_published.py
+#: holds it to litgpt's README (micro-batch 1 of 128, 512 tokens), on the command line.
+LITGPT_QLORA = ["llama-2-7b", "--precision", "pure-bf16", "--optimizer", "paged-adamw"]
+LITGPT_QLORA += ["--lora", "8", "--lora-targets", "qv", "--lora-dropout", "0.05", "--qlora"]
+LITGPT_QLORA += ["--qlora-library", "bitsandbytes", "--no-double-quant", "--logits-kept"]
+LITGPT_QLORA += ["--block", "litgpt", "--grad-accumulation", "128", "--seq", "512"]
+LITGPT_KNOBS = dict(
+    lora_rank=8,
+    lora_targets="qv",
+    lora_dropout=0.05,
+    lora_base="bnb-nf4",
+    nf4_double_quant=False,
+    logits_kept=True,
+    block="litgpt",
+    grad_accumulation=128,
+    optimizer="paged-adamw",
+    precision="pure-bf16",
+)
+
+
+def test_each_new_flag_reaches_the_calculator_as_its_knob(capsys, monkeypatch):
+    """--logits-kept, --qlora-library, --no-double-quant, --lora-dropout and --pp-microbatches
+    arrive at ``will_it_fit`` as the knobs tests/test_fit_published.py sets for litgpt's rows
+    (what they do to the bytes: tests/test_fit_qlora.py); left out, each is its default."""
+    from tutorial_utils.fit import peak
+
+    asked = []
+
+    def record(preset, **knobs):
+        asked.append(knobs)
+        raise ValueError("recorded")  # stop before any work: what arrived is the test
+
+    monkeypatch.setattr(peak, "will_it_fit", record)
+    assert fit_cli.main(LITGPT_QLORA) == 2 and capsys.readouterr().err == "fit: recorded\n"
+    assert {k: asked[0][k] for k in LITGPT_KNOBS} == LITGPT_KNOBS
+    assert fit_cli.main(["llama-2-7b", "--lora", "8", "--qlora"]) == 2
+    assert (asked[1]["lora_base"], asked[1]["nf4_double_quant"]) == ("nf4", True)
+    assert (asked[1]["lora_dropout"], asked[1]["logits_kept"]) == (0.0, False)
+    assert asked[1]["pp_microbatches"] == 0  # as many as stages
+    assert fit_cli.main(["llama-2-7b", "--pp", "4", "--gpus", "4", "--pp-microbatches", "8"]) == 2
+    assert (asked[2]["pp"], asked[2]["pp_microbatches"]) == (4, 8)
+
+
+def test_a_combination_the_calculator_refuses_is_one_sentence(capsys):
+    """What ``will_it_fit`` itself refuses (here litgpt's block on GPT-2's LayerNorm and GELU)
+    comes out as its one sentence, exit status 2, no traceback."""
+    assert fit_cli.main(["gpt2", "--block", "litgpt"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("fit: block='litgpt' re-creates litgpt 8641822's Llama block")
+
+
+@pytest.mark.heavy  # bitsandbytes' NF4 base has no formula: the fake-tensor pass runs
+def test_litgpt_s_qlora_recipe_on_the_command_line_is_the_published_row_s_answer(capsys):
+    """The flags print the report ``will_it_fit`` gives for the same knobs, and the two new
+    switches each move it: the kept graph adds to the peak, NF4 without double quantization
+    adds to the weights."""
+    from tutorial_utils.fit import will_it_fit
+
+    assert fit_cli.main(LITGPT_QLORA) == 0
+    both = capsys.readouterr().out
+    report = will_it_fit("llama-2-7b", 1, 512, **LITGPT_KNOBS)
+    assert repr(report) in both, (both, repr(report))
+    assert fit_cli.main([a for a in LITGPT_QLORA if a != "--logits-kept"]) == 0
+    no_graph = will_it_fit("llama-2-7b", 1, 512, **(LITGPT_KNOBS | {"logits_kept": False}))
+    assert repr(no_graph) in capsys.readouterr().out
+    assert no_graph.peak_bytes < report.peak_bytes
+    with_dq = will_it_fit("llama-2-7b", 1, 512, **(LITGPT_KNOBS | {"nf4_double_quant": True}))
+    assert with_dq.model_states["weights"] < report.model_states["weights"]
+
+
+def test_the_readme_s_calculator_section_names_every_option():
+    """README's "Will it fit?" section lists the calculator's knobs: each option of the parser
+    is named there, so a flag added to the CLI and left out of the README fails here."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("## Will it fit?")
+    section = readme[start : readme.index("\n## ", start)]
+    unnamed = [
+        action.option_strings[-1]
+        for action in fit_cli.parser()._actions
+        if action.option_strings
+        and not any(re.search(re.escape(o) + r"(?![\w-])", section) for o in action.option_strings)
+    ]
+    assert not unnamed, f"README's calculator section does not name {unnamed}"

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Calculator browser check
 # Opened by `tests/test_browser.py`: the "will it fit" calculator of notebook 03; the test
-# moves the batch slider with the keyboard, then picks a LoRA rank, and checks that the bar and
-# the verdict redraw after each.
+# moves the batch slider with the keyboard, picks a LoRA rank, then ticks logits_kept, and checks
+# that the bar and the verdict redraw after each and that the chart's title agrees with the verdict.
 
 # %%
 from IPython.display import display

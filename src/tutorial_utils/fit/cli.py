@@ -155,12 +155,42 @@ def parser() -> argparse.ArgumentParser:
         help="with --lora: the frozen base in NF4 (4-bit), as QLoRA",
     )
     p.add_argument(
+        "--qlora-library",
+        choices=("torchao", "bitsandbytes"),
+        default=None,
+        help="with --qlora: whose NF4 holds the base: torchao's (torchtune's QLoRA recipes) or "
+        "bitsandbytes' (litgpt's --quantize bnb.nf4, Hugging Face's BitsAndBytesConfig) "
+        "(default torchao)",
+    )
+    p.add_argument(
+        "--no-double-quant",
+        dest="nf4_double_quant",
+        action="store_false",
+        help="with --qlora-library bitsandbytes: NF4 without double quantization, so each "
+        "block of 64 weights keeps an fp32 scale (litgpt's --quantize bnb.nf4; its bnb.nf4-dq "
+        "and torchao's NF4 quantize the scales too)",
+    )
+    p.add_argument(
+        "--lora-dropout",
+        type=_reader(_probability),
+        default=None,
+        metavar="P",
+        help="with --lora: dropout on the adapters' input, whose mask is saved for backward "
+        "(torchtune's and litgpt's LoRA recipes use 0.05) (default 0)",
+    )
+    p.add_argument(
         "--ce-chunks",
         type=_count("--ce-chunks", 2**12),
         default=1,
         metavar="N",
         help="cross-entropy in N chunks, each upcast to fp32 on its own (torchtune's "
         "CEWithChunkedOutputLoss uses 8) (default 1)",
+    )
+    p.add_argument(
+        "--logits-kept",
+        action="store_true",
+        help="the training loop keeps the last micro-batch's logits, and so its graph, until "
+        "the next forward returns (litgpt's finetune scripts: logits = model(...) stays bound)",
     )
     p.add_argument(
         "--activation-offload",
@@ -200,6 +230,13 @@ def parser() -> argparse.ArgumentParser:
         ("--cp", "context-parallel degree (the sequence split)"),
     ):
         p.add_argument(name, type=_count(name, 2**12), default=1, help=f"{what} (default 1)")
+    p.add_argument(
+        "--pp-microbatches",
+        type=_count("--pp-microbatches", 2**16),
+        default=None,
+        metavar="M",
+        help="with --pp: micro-batches per step in the 1F1B schedule (default: as many as stages)",
+    )
     p.add_argument(
         "--no-reshard-after-forward",
         dest="reshard_after_forward",
@@ -253,6 +290,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise ValueError(f"--lora-dropout must be a probability from 0 to below 1, not {text!r}")
+    return value
+
+
 _DIM_NAMES = {"vocab", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "d_head", "tied"}
 _DIM_WORDS = {"norm": ("rms", "layer"), "mlp": ("swiglu", "gelu")}
 
@@ -290,6 +337,9 @@ def _dims(text: str) -> tuple[str, dict]:
     return "custom dimensions", fields
 
 
+_LORA_BASE = {"torchao": "nf4", "bitsandbytes": "bnb-nf4"}  # will_it_fit's lora_base
+
+
 def _arguments(argv: list[str]) -> argparse.Namespace:
     args = parser().parse_args(argv)
     given = [x for x in (args.model, args.config, args.dims) if x is not None]
@@ -314,6 +364,21 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         )
     if args.qlora and not args.lora:
         raise _Refused("--qlora quantizes LoRA's frozen base: give --lora RANK too")
+    if args.lora_dropout is not None and not args.lora:
+        raise _Refused("--lora-dropout is on LoRA's adapters: give --lora RANK too")
+    if args.qlora_library is not None and not args.qlora:
+        raise _Refused("--qlora-library says whose NF4 holds the base: give --qlora too")
+    if not args.nf4_double_quant and args.qlora_library != "bitsandbytes":
+        raise _Refused(
+            "--no-double-quant is bitsandbytes' NF4 without double quantization (torchao's "
+            "always has it): give --lora RANK --qlora --qlora-library bitsandbytes too"
+        )
+    if args.logits_kept and args.tp * args.pp * args.cp > 1:
+        raise _Refused(
+            "--logits-kept is modelled for one GPU, DDP and FSDP: leave out --tp, --pp and --cp"
+        )
+    if args.pp_microbatches is not None and args.pp == 1:
+        raise _Refused("--pp-microbatches feeds a pipeline: give --pp 2 or more too")
     return args
 
 
@@ -347,7 +412,11 @@ def main(argv: list[str] | None = None) -> int:
             grad_accumulation=args.grad_accumulation,
             lora_rank=args.lora,
             lora_targets=args.lora_targets,
-            lora_base="nf4" if args.qlora else "bf16",
+            lora_base=_LORA_BASE[args.qlora_library or "torchao"] if args.qlora else "bf16",
+            lora_dropout=args.lora_dropout or 0.0,
+            nf4_double_quant=args.nf4_double_quant,
+            logits_kept=args.logits_kept,
+            pp_microbatches=args.pp_microbatches or 0,
             ce_chunks=args.ce_chunks,
             activation_offload=args.activation_offload,
             cpu_offload=args.cpu_offload,

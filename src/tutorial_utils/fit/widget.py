@@ -6,18 +6,22 @@ finds what to change; this module only draws them. In a notebook:
     from tutorial_utils.calculator import Calculator
     Calculator(preset="llama-3-8b", gpu="H100")   # the knobs, a stacked bar, the verdict
 
-Its knobs are every input of ``will_it_fit`` but PP's micro-batch count: the model, GPU,
-batch and sequence; precision, optimizer (8-bit included) and its implementation,
-checkpointing; the profile (DDP, ZeRO, FSDP1, FSDP2 with its resharding and reduce dtype) over
-GPUs with TP, PP and CP degrees; LoRA's rank, targets and base (QLoRA), cross-entropy chunks,
-gradient accumulation; activation and CPU offload, the optimizer step in backward, headroom.
+Its knobs are every input of ``will_it_fit`` a learner sets (all but ``nf4_chunk``, a detail of
+torchao's version): the model, GPU, batch, sequence and whose block (the course's or litgpt's);
+precision, optimizer (8-bit and paged included) and its implementation, checkpointing; the
+profile (DDP, ZeRO, FSDP1, FSDP2 with its resharding and reduce dtype) over GPUs with TP, PP
+(and its micro-batches) and CP degrees; LoRA's rank, targets, dropout and base (QLoRA on
+torchao's or bitsandbytes' NF4, with or without double quantization); cross-entropy chunks,
+gradient accumulation and FSDP1's gradient sync, a loop that keeps its logits (litgpt's);
+activation and CPU offload, the optimizer step in backward, headroom.
 
 ``Calculator.set(batch=4)`` turns knobs from code (what a test does), with the names people
 type (``precision="bf16"``, ``optimizer="adam"``). A value a slider cannot show widens the
 slider, never clamps silently; a value or combination the calculator refuses is said in the
 summary (``.error``), and ``.report`` is then None: an old answer is never shown as the new
 one. ``.picture.value`` is the bar as PNG bytes (``.drawn`` the report it was drawn from, always
-``.report``; ``.chart_title`` its title), ``.updates`` the seconds each update took. While an
+``.report``; ``.chart_title`` its title, also the picture's tooltip), ``.updates`` the seconds
+each update took. While an
 update works the summary says "updating..." and the old bar is gone.
 Without ipywidgets, building one says what to use instead.
 """
@@ -65,12 +69,36 @@ _DEFAULTS = {
     "cp": 1,
     "reshard_after_forward": True,
     "reduce_dtype": "param",
+    "pp_microbatches": 0,
+    "lora_dropout": 0.0,
+    "nf4_double_quant": True,
+    "logits_kept": False,
+    "gradient_sync": "every",
+    "block": "course",
 }
 LORA_RANKS = (0, 8, 16, 32, 64)  # 0: full training
 TP_DEGREES = (1, 2, 4, 8)  # and PP's and CP's
 CE_CHUNKS = (1, 2, 4, 8, 16)  # torchtune's CEWithChunkedOutputLoss uses 8
+PP_MICROBATCHES = (0, 2, 4, 8, 16, 32)  # 0: as many as stages
+LORA_DROPOUTS = (0.0, 0.05, 0.1)  # torchtune's and litgpt's LoRA recipes use 0.05
+#: Whose NF4 holds QLoRA's base, as the dropdown names it.
+LORA_BASES = (
+    ("bf16 (LoRA)", "bf16"),
+    ("nf4, torchao (QLoRA: torchtune)", "nf4"),
+    ("nf4, bitsandbytes (QLoRA: litgpt, HF)", "bnb-nf4"),
+)
 #: The knobs whose values are a short list (a value not in it is added, never refused).
-_CHOICES = ("seq", "gpu", "lora_rank", "tp", "pp", "cp", "ce_chunks")
+_CHOICES = (
+    "seq",
+    "gpu",
+    "lora_rank",
+    "tp",
+    "pp",
+    "cp",
+    "ce_chunks",
+    "pp_microbatches",
+    "lora_dropout",
+)
 #: The True/False knobs.
 _SWITCHES = (
     "headroom",
@@ -78,6 +106,8 @@ _SWITCHES = (
     "cpu_offload",
     "optimizer_in_backward",
     "reshard_after_forward",
+    "nf4_double_quant",
+    "logits_kept",
 )
 #: How each knob's value is read from what a person types (one sentence when it cannot be).
 _READ = {
@@ -91,10 +121,14 @@ _READ = {
     "n_gpus": lambda v: inputs.positive_int("n_gpus", v, largest=2**20),
     "gpu": lambda v: _NO_GPU if v in (None, _NO_GPU) else cards.gpu(v).name,
     "optimizer_impl": inputs.optimizer_impl,
-    "lora_rank": lambda v: 0 if v == 0 else inputs.positive_int("lora_rank", v, 2**16),
+    "lora_rank": lambda v: _zero_or_count("lora_rank", v, 2**16),  # 0: full training
     "lora_targets": inputs.lora_targets,
-    "lora_base": lambda v: _one_of("lora_base", v, ("bf16", "nf4")),
+    "lora_base": lambda v: _one_of("lora_base", v, tuple(value for _, value in LORA_BASES)),
+    "lora_dropout": lambda v: _probability("lora_dropout", v),
+    "pp_microbatches": lambda v: _zero_or_count("pp_microbatches", v, 2**16),  # 0: as pp
     "reduce_dtype": lambda v: _one_of("reduce_dtype", v, ("param", "fp32")),
+    "gradient_sync": lambda v: _one_of("gradient_sync", v, ("every", "last")),
+    "block": inputs.block,
     "ce_chunks": lambda v: inputs.positive_int("ce_chunks", v, 2**12),
     "grad_accumulation": lambda v: inputs.positive_int("grad_accumulation", v, 2**20),
     **{n: lambda v, n=n: inputs.positive_int(n, v, 2**12) for n in ("tp", "pp", "cp")},
@@ -108,6 +142,31 @@ def _one_of(name: str, value, allowed: tuple) -> str:
     return value
 
 
+def _values(options) -> list:
+    """A dropdown's values, whether its options are values or (label, value) pairs."""
+    return [o[1] if isinstance(o, tuple) else o for o in options]
+
+
+def _labelled(name: str, values: set) -> list:
+    """A short list's options in order; PP's 0 micro-batches read as what it means."""
+    if name != "pp_microbatches":
+        return sorted(values)
+    return [("as pp", 0) if v == 0 else (str(v), v) for v in sorted(values)]
+
+
+def _zero_or_count(name: str, value, largest: int) -> int:
+    """0, or a whole number from 1 (0.0 and False are refused as every count refuses them)."""
+    if type(value) is int and value == 0:
+        return 0
+    return inputs.positive_int(name, value, largest)
+
+
+def _probability(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a probability from 0 to below 1, not {value!r}")
+    return float(value)
+
+
 def _widgets():
     try:
         import ipywidgets
@@ -117,6 +176,21 @@ def _widgets():
             "`python -m tutorial_utils fit MODEL` instead, or pip install ipywidgets."
         ) from None
     return ipywidgets
+
+
+def _picture(w):
+    """An Image widget whose tooltip (the chart's title on hover) the page can show.
+
+    ipywidgets 8's front end sets a tooltip only where the model's ``description`` is empty
+    text, and an Image has no description: its view fails to draw ("Cannot read properties of
+    undefined (reading 'length')", jupyterlab_widgets 3.0). An empty description, synced, is
+    what it reads."""
+    import traitlets
+
+    class Picture(w.Image):
+        description = traitlets.Unicode("").tag(sync=True)
+
+    return Picture(format="png")
 
 
 def _png(report: fit_report.FitReport) -> tuple[bytes, str]:
@@ -168,10 +242,17 @@ class Calculator:
                 options=sorted({*LORA_RANKS, values["lora_rank"]}), value=values["lora_rank"]
             ),
             "lora_targets": w.Dropdown(options=inputs.LORA_TARGETS, value=values["lora_targets"]),
-            "lora_base": w.Dropdown(
-                options=[("bf16 (LoRA)", "bf16"), ("nf4 (QLoRA)", "nf4")],
-                value=values["lora_base"],
+            "lora_base": w.Dropdown(options=LORA_BASES, value=values["lora_base"]),
+            "lora_dropout": w.Dropdown(
+                options=sorted({*LORA_DROPOUTS, values["lora_dropout"]}),
+                value=values["lora_dropout"],
             ),
+            "pp_microbatches": w.Dropdown(
+                options=_labelled("pp_microbatches", {*PP_MICROBATCHES, values["pp_microbatches"]}),
+                value=values["pp_microbatches"],
+            ),
+            "gradient_sync": w.Dropdown(options=("every", "last"), value=values["gradient_sync"]),
+            "block": w.Dropdown(options=inputs.BLOCKS, value=values["block"]),
             "ce_chunks": w.Dropdown(
                 options=sorted({*CE_CHUNKS, values["ce_chunks"]}), value=values["ce_chunks"]
             ),
@@ -193,15 +274,16 @@ class Calculator:
         self.summary.add_class("tu-fit-summary")
         # A PNG in an Image widget, not a figure shown in an Output widget: the picture is the
         # widget's value, so it redraws the same in JupyterLab, Colab and a test kernel
-        self.picture = w.Image(format="png")
+        self.picture = _picture(w)
         self.picture.add_class("tu-fit-picture")
         # One row per question: the model and shape, the recipe, the profile over GPUs, LoRA
-        # and the loss, what is offloaded or stepped early
+        # and its base, the loop (loss, micro-batches), what is offloaded or stepped early
         rows = (
-            ("preset", "gpu", "batch", "seq"),
+            ("preset", "gpu", "batch", "seq", "block"),
             ("precision", "optimizer", "optimizer_impl", "checkpointing"),
-            ("sharding", "n_gpus", "tp", "pp", "cp"),
-            ("lora_rank", "lora_targets", "lora_base", "ce_chunks", "grad_accumulation"),
+            ("sharding", "n_gpus", "tp", "pp", "pp_microbatches", "cp"),
+            ("lora_rank", "lora_targets", "lora_dropout", "lora_base", "nf4_double_quant"),
+            ("ce_chunks", "grad_accumulation", "gradient_sync", "logits_kept"),
             ("reshard_after_forward", "reduce_dtype", "activation_offload", "cpu_offload"),
             ("optimizer_in_backward", "headroom"),
         )
@@ -263,15 +345,11 @@ class Calculator:
         if name in ("batch", "n_gpus", "grad_accumulation") and value > knob.max:
             knob.max = value
             self.notes.append(f"the {name} slider now goes to {value:,}")
-        elif name in _CHOICES and value not in knob.options:
-            knob.options = (
-                sorted({*knob.options, value})
-                if name != "gpu"
-                else [
-                    *knob.options,
-                    value,
-                ]
-            )
+        elif name in _CHOICES and value not in _values(knob.options):
+            if name == "gpu":
+                knob.options = [*knob.options, value]
+            else:
+                knob.options = _labelled(name, {*_values(knob.options), value})
             self.notes.append(f"{value} added to the {name} choices")
 
     _holding = False
@@ -289,7 +367,8 @@ class Calculator:
         self.report, self.advice, self.error = None, None, None
         self.drawn, self.chart_title = None, ""
         self.summary.value = "<i>updating...</i>"
-        self.picture.value = b""
+        with self.picture.hold_sync():  # one message: the bar and its title go together
+            self.picture.value, self.picture.tooltip = b"", ""
         try:
             report = will_it_fit(**self._fit_args(self.values()))
         except (TypeError, ValueError) as err:  # e.g. GPT-2 at 2048 tokens, ZeRO on one GPU
@@ -313,7 +392,9 @@ class Calculator:
         if self.notes:
             lines.append(f"<i>{html.escape('; '.join(self.notes))}.</i>")
         # One report draws both: the bar (and its title) and then the verdict
-        self.picture.value, self.chart_title = _png(report)
+        png, self.chart_title = _png(report)
+        with self.picture.hold_sync():  # the title on hover: what a browser test reads
+            self.picture.value, self.picture.tooltip = png, self.chart_title
         self.drawn = report
         self.summary.value = "<br>".join(lines)
         self.updates.append(time.perf_counter() - start)
