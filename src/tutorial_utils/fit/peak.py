@@ -518,6 +518,8 @@ def _extras(
         base = {"nf4": "QLoRA (NF4 base)", "bnb-nf4": "QLoRA (bitsandbytes NF4 base)"}
         base = base.get(lora.base, "LoRA")
         said.append(f"{base} rank {lora.rank} on {lora.targets}")
+        if lora.dropout:
+            said.append(f"LoRA dropout {lora.dropout:g}")
         if not lora.double_quant:
             said.append("NF4 without double quantization")
     if logits_kept:
@@ -535,6 +537,8 @@ def _extras(
     for name in ("tp", "pp", "cp"):
         if getattr(mesh, name) > 1:
             said.append(f"{name.upper()} {getattr(mesh, name)}")
+    if mesh.pp > 1 and mesh.microbatches:
+        said.append(f"{mesh.microbatches} pipeline micro-batches")
     if not reshard_after_forward:
         said.append("reshard_after_forward=False")
     if reduce_dtype == "fp32":
