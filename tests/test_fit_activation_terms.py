@@ -182,6 +182,9 @@ def test_no_formula_where_the_pass_decides():
     assert af._case(dataclasses.replace(cfg, attention="explicit"), "fp32", "none", None, 1) is None
     odd = dataclasses.replace(cfg, norm="layer", bias=True)
     assert af.by_formula(odd, 1, 512, "autocast-bf16", "none") is None
+    gpt2 = _config("gpt2-124m")  # its formulas were solved with a k and v head per query head
+    assert af.by_formula(gpt2, 1, 512, "fp32", "none") is not None
+    assert af.by_formula(dataclasses.replace(gpt2, n_kv_heads=4), 1, 512, "fp32", "none") is None
 
 
 @pytest.mark.parametrize("name", presets.PRESETS)
