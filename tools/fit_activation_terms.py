@@ -58,8 +58,8 @@ QLORA = tuple(f"{t}+{base}" for base in ("nf4", "bnb-nf4") for t in LORA[1:])
 #: Cross-entropy in chunks changes the head only: its cases solve the head's fields, keyed
 #: (family, head, recipe, ``af.CHUNKED``, frozen head), and take the block's from the question's
 #: own key (``activation_formulas._case``). Where no formula holds for every count of chunks
-#: (a tied head's backward: its moments move with the count), one is solved per count the
-#: widget offers, ``f"{af.CHUNKED}-{n}"``.
+#: (a tied head's backward, and fp32's: their moments move with the count), one is solved per
+#: count the widget offers, ``f"{af.CHUNKED}-{n}"``.
 FROZEN_HEADS = ("none", "lora", "lora+bnb-nf4")
 CE_CHUNKS = (2, 3, 4, 8, 16)
 PER_COUNT = (2, 4, 8, 16)
