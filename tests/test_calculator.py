@@ -166,17 +166,18 @@ def test_an_update_answers_once_and_runs_fake_tensors_only_for_a_new_shape(monke
     for knobs in (
         {"batch": 5},
         {"sharding": "zero3", "n_gpus": 4, "checkpointing": "full"},
-        {"ce_chunks": 8},  # no formula: fake tensors
+        {"seq": 4095, "ce_chunks": 8},  # pieces of unequal length, no formula: fake tensors
     ):
         answers.clear(), passes.clear()
         seen, updates = on_fake_tensors(), len(calc.updates)
         calc.set(**knobs)  # one update, however many knobs turn
         assert len(answers) == 1 and len(calc.updates) == updates + 1
         assert passes == [1, 0] * (on_fake_tensors() - seen)
-    assert passes, "ce_chunks=8 has no formula: the pass ran"
+    assert passes, "seq 4095 in 8 pieces has no formula: the pass ran"
     answers.clear(), passes.clear()
     seen = new_shapes()
-    calc.set(batch=4, sharding="none", n_gpus=1, checkpointing="none", ce_chunks=1)  # again
+    again = dict(batch=4, seq=4096, sharding="none", n_gpus=1, checkpointing="none", ce_chunks=1)
+    calc.set(**again)
     assert len(answers) == 1 and passes == [] and new_shapes() == seen, "answered twice"
 
 

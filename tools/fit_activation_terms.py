@@ -23,12 +23,18 @@ family's real shapes (Llama, Mistral, Qwen2, Gemma, GPT-2), to the byte.
 ``rms-swiglu-litgpt`` is litgpt 8641822's Llama block (``block="litgpt"``, ``fit.litgpt_block``)
 with one kv head per query head (under grouped queries its reshapes copy: the pass answers);
 ``--only rms-swiglu-litgpt`` solves its 64 cases alone (about 30 minutes on 2 loaded cores).
+
+QLoRA's cases (``QLORA``: the LoRA targets over an NF4 base) draw shapes whose linears quantize
+(multiples of 64 weights) and solve to a sixty-fourth (``DENOMINATOR``: one fp32 scale per 64
+weights). Cross-entropy in chunks (``ce-chunks`` cases) solves the head alone, on rows whose
+token count splits into equal pieces (``activation_formulas.pieces``); the block's figures are
+the unchunked case's.
 """
 
 from __future__ import annotations
 
 import argparse
-import pprint
+import json
 import random
 import sys
 from fractions import Fraction
@@ -51,11 +57,35 @@ RECIPES = {"autocast": "autocast-bf16", "bf16-module": "bf16-master", "fp32": "f
 #: of several sums (one per moment of the backward): ``traced`` finds each moment's sum.
 CHECKPOINTING = ("none", "full", "every-second-matmul", "every-matmul")
 LORA = ("none", "attention", "qv", "all")
+#: QLoRA: the same targets over a frozen base in NF4 (``activation_formulas.lora_word``).
+QLORA = tuple(f"{t}+{base}" for base in ("nf4", "bnb-nf4") for t in LORA[1:])
+#: Cross-entropy in chunks changes the head only: its cases solve the head's fields, keyed
+#: (family, head, recipe, ``af.CHUNKED``, frozen head), and take the block's from the question's
+#: own key (``activation_formulas._case``). Where no formula holds for every count of chunks
+#: (a tied head's backward, and fp32's: their moments move with the count), one is solved per
+#: count the widget offers, ``f"{af.CHUNKED}-{n}"``.
+FROZEN_HEADS = ("none", "lora", "lora+bnb-nf4")
+CE_CHUNKS = (2, 3, 4, 8, 16)
+PER_COUNT = (2, 4, 8, 16)
+#: Multiples are solved to this fraction: NF4's dequantization makes one fp32 scale per 64
+#: weights (a sixteenth of a byte per weight).
+DENOMINATOR = 64
 FAMILIES = ("rms-swiglu", "layer-gelu", "rms-swiglu-litgpt")  # the last: block="litgpt"
 ROWS = 48
 
 
-def random_config(family: str, head: str, rng: random.Random) -> DecoderConfig:
+def random_config(family: str, head: str, rng: random.Random, nf4: bool = False) -> DecoderConfig:
+    """A small random shape; with ``nf4``, one whose every linear has a multiple of 64 weights
+    (NF4 quantizes blocks of 64), drawn again until it has."""
+    while True:
+        cfg = _random_config(family, head, rng)
+        linears = [cfg.d_model * (cfg.q_dim + 2 * cfg.kv_heads * cfg.head_dim)]
+        linears += [cfg.q_dim * cfg.d_model, cfg.d_model * cfg.ff, cfg.vocab * cfg.d_model]
+        if not nf4 or all(n % 64 == 0 for n in linears):
+            return cfg
+
+
+def _random_config(family: str, head: str, rng: random.Random) -> DecoderConfig:
     heads = rng.choice([2, 4, 8])
     head_dim = rng.choice([4, 8, 16])
     groups = rng.choice([1, 2, heads])
@@ -113,15 +143,16 @@ def independent(X: np.ndarray) -> np.ndarray:
 
 
 def solve(X: np.ndarray, y: np.ndarray) -> dict[str, Fraction] | None:
-    """Whole-number (or eighth) multiples of the features that give ``y`` exactly, or None."""
+    """Whole-number (or ``1 / DENOMINATOR``) multiples of the features that give ``y`` exactly,
+    or None."""
     keep = independent(X)
     c, *_ = np.linalg.lstsq(X[:, keep], y, rcond=None)
     coef = np.zeros(X.shape[1])
-    coef[keep] = np.round(c * 8) / 8
+    coef[keep] = np.round(c * DENOMINATOR) / DENOMINATOR
     if np.abs(X @ coef - y).max() != 0:
         return None
     named = zip(af.FEATURES, coef, strict=True)
-    return {n: Fraction(v).limit_denominator(8) for n, v in named if v}
+    return {n: Fraction(v).limit_denominator(DENOMINATOR) for n, v in named if v}
 
 
 def fit_field(rows, part: str, field: str):
@@ -236,11 +267,11 @@ def fit_traced(rows, part: str, field: str):
         Y = np.array([[float(v) for _, v in rows[i]["windows"][window]] for i in members])
         c, *_ = np.linalg.lstsq(X[members][:, keep], Y, rcond=None)
         coef = np.zeros((X.shape[1], Y.shape[1]))
-        coef[keep] = np.round(c * 8) / 8
+        coef[keep] = np.round(c * DENOMINATOR) / DENOMINATOR
         exact = np.abs(X[members] @ coef - Y).max(axis=0) == 0
         for j in np.flatnonzero(exact):
             named = zip(af.FEATURES, coef[:, j], strict=True)
-            terms = {n: Fraction(v).limit_denominator(8) for n, v in named if v}
+            terms = {n: Fraction(v).limit_denominator(DENOMINATOR) for n, v in named if v}
             candidates.setdefault(tuple(sorted(terms.items())), terms)
     want = [getattr(r[part], field) for r in rows]
     cap = [w + af.subtracted(r[part], less) for w, r in zip(want, rows, strict=True)]
@@ -270,17 +301,69 @@ def fit_traced(rows, part: str, field: str):
 
 
 def write(table: dict, missing: list, out: Path = OUT) -> None:
+    """The table as one JSON string that the module parses when imported: a few milliseconds,
+    where a Python literal of some hundred cases takes tens to compile (without a ``.pyc``)."""
+    cases = json.dumps([[list(key), table[key]] for key in sorted(table)], separators=(",", ":"))
     text = (
         "# ruff: noqa: E501\n"
         '"""Generated by ``tools/fit_activation_terms.py`` (do not edit): the fake-tensor pass\'s\n'
-        "activations as multiples of the shape's products, per (family, recipe, checkpointing,\n"
-        "LoRA targets); ``activation_formulas`` reads them. Checked by\n"
+        "activations as multiples of the shape's products, per (family, head, recipe,\n"
+        "checkpointing, LoRA targets and base); ``activation_formulas`` reads them. Checked by\n"
         '``tests/test_fit_activation_terms.py``."""\n\n'
-        f"# fmt: off\nTERMS = {pprint.pformat(table, width=99, sort_dicts=True)}\n"
+        "import json\n\n"
+        f"# fmt: off\n_CASES = {cases!r}\n"
+        "#: (family, head, recipe, checkpointing, LoRA) -> {'part.field': (terms, subtracted)}\n"
+        "TERMS = {\n"
+        "    tuple(key): {field: tuple(value) for field, value in entry.items()}\n"
+        "    for key, entry in json.loads(_CASES)\n"
+        "}\n"
         "\n#: The cases with no formula (the calculator runs the pass for them).\n"
         f"MISSING = {missing!r}\n"
     )
     out.write_text(text)
+
+
+def solve_case(key: tuple, n_rows: int, seed: int) -> dict | tuple[str, str]:
+    """One case's entry (each field's terms and what is subtracted), or the (part, field) that
+    no formula gives. A chunked cross-entropy case (``af.CHUNKED`` in the key) solves the head's
+    fields only, on rows whose chunk count varies; its block runs unadapted or with LoRA on
+    attention, whichever the frozen head goes with, without checkpointing."""
+    family, tying, recipe, ckpt, words = key
+    chunked = ckpt.startswith(af.CHUNKED)
+    counts = (int(ckpt.rpartition("-")[2]),) if ckpt != af.CHUNKED and chunked else CE_CHUNKS
+    targets, _, base = words.partition("+")
+    if chunked:
+        targets, ckpt = ("none" if words == "none" else "attention"), "none"
+    base = base or "bf16"
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n_rows + (16 if tying == "tied" or chunked else 0)):  # two sums: more rows
+        cfg = random_config(family, tying, rng, nf4=base != "bf16")
+        batch, seq, chunks = rng.choice([1, 2, 3]), rng.choice([4, 8, 16, 64, 256, 512]), 1
+        while chunked:  # any length that splits into equal pieces (``af.pieces``)
+            batch, seq, chunks = rng.choice([1, 2, 3]), rng.randint(3, 512), rng.choice(counts)
+            if af.pieces(batch * seq, chunks) is not None:
+                break
+        rank = rng.choice([2, 4, 8]) if targets != "none" else 0
+        lora = Lora(rank, targets, base) if rank else None
+        which = "litgpt" if family.endswith("-litgpt") else "course"
+        found, windows = traced(cfg, batch, seq, RECIPES[recipe], ckpt, lora, chunks, which)
+        feats = af.features(cfg, batch, seq, rank, chunks)
+        rows.append({"features": feats, "block": found[0], "head": found[1], "windows": windows})
+    entry = {}
+    for part, field in af.FIELDS:
+        if chunked and part == "block":
+            continue
+        found = fit_field(rows, part, field)
+        if found is None:
+            return part, field
+        terms, less = found
+        whole = [
+            {k: str(v) if v.denominator > 1 else int(v) for k, v in t.items()}
+            for t in (terms if isinstance(terms, list) else [terms])
+        ]
+        entry[f"{part}.{field}"] = (whole if len(whole) > 1 else whole[0], less)
+    return entry
 
 
 def main() -> None:
@@ -310,48 +393,41 @@ def main() -> None:
     kinds += (("layer-gelu", "untied"), ("rms-swiglu-litgpt", "untied"))
     kinds += (("rms-swiglu-litgpt", "tied"),)
     cases = [
-        (ckpt, recipe, targets, family, tying)
+        (family, tying, recipe, ckpt, targets)
         for lora_first in (True, False)
         for family, tying in kinds
         for targets in (LORA[:2] if lora_first else LORA[2:])
         for ckpt in CHECKPOINTING
         for recipe in recipes
     ]
-    for ckpt, recipe, targets, family, tying in cases:
-        key = (family, tying, recipe, ckpt, targets)
+    cases += [  # chunked cross-entropy: the head alone
+        (family, tying, recipe, af.CHUNKED, frozen)
+        for family, tying in kinds
+        for frozen in FROZEN_HEADS
+        for recipe in recipes
+        if frozen != "lora+bnb-nf4" or tying == "untied"
+    ]
+    cases += [  # QLoRA
+        (family, tying, recipe, ckpt, targets)
+        for family, tying in kinds
+        for targets in QLORA
+        for ckpt in CHECKPOINTING
+        for recipe in recipes
+    ]
+    for key in cases:
         if args.only is not None and not any(set(o.split(",")) <= set(key) for o in args.only):
             continue
         table.pop(key, None)
         missing = [m for m in missing if m[:5] != key]
-        precision = RECIPES[recipe]
-        rng = random.Random(args.seed)
-        rows = []
-        for _ in range(args.rows + (16 if tying == "tied" else 0)):  # two sums: more rows
-            cfg = random_config(family, tying, rng)
-            batch, seq = rng.choice([1, 2, 3]), rng.choice([4, 8, 16, 64, 256, 512])
-            rank = rng.choice([2, 4, 8]) if targets != "none" else 0
-            lora = Lora(rank, targets) if rank else None
-            which = "litgpt" if family.endswith("-litgpt") else "course"
-            (block, head), windows = traced(cfg, batch, seq, precision, ckpt, lora, 1, which)
-            feats = af.features(cfg, batch, seq, rank)
-            rows.append({"features": feats, "block": block, "head": head, "windows": windows})
-        key = (family, tying, recipe, ckpt, targets)
-        entry = {}
-        for part, field in af.FIELDS:
-            found = fit_field(rows, part, field)
-            if found is None:
-                missing.append((*key, part, field))
-                break
-            terms, less = found
-            whole = [
-                {k: str(v) if v.denominator > 1 else int(v) for k, v in t.items()}
-                for t in (terms if isinstance(terms, list) else [terms])
-            ]
-            entry[f"{part}.{field}"] = (whole if len(whole) > 1 else whole[0], less)
-        else:
+        entry = solve_case(key, args.rows, args.seed)
+        if isinstance(entry, dict):
             table[key] = entry
+        else:
+            missing.append((*key, *entry))
         print(key, "ok" if key in table else f"no formula: {missing[-1]}", flush=True)
         write(table, missing, args.out)
+        if key[3] == af.CHUNKED and key not in table:  # one per count of chunks instead
+            cases += [(*key[:3], f"{af.CHUNKED}-{n}", key[4]) for n in PER_COUNT]
     print(f"wrote {args.out}: {len(table)} cases, {len(missing)} without a formula")
 
 

@@ -13,11 +13,16 @@ bookings on small shapes and writes them to ``activation_terms``;
 ``tests/test_fit_activation_terms.py`` runs the pass again on every preset family's real
 shapes and asserts the formula equals it, to the byte.
 
-Where no formula is written, the pass runs (torch is imported then): cross-entropy in chunks
-(each chunk's size is rounded up), explicit attention (its s x s scores are not a multiple of
-the tokens), any other block (a LayerNorm + SwiGLU block from ``--dims``), LoRA on an NF4 base
-or with dropout, litgpt's block under grouped queries, and any case the tool could not solve
-(``activation_terms.MISSING``).
+QLoRA's frozen base in NF4 is a LoRA key word of its own (``lora_word``: "attention+nf4"). Under
+cross-entropy in chunks only the head changes: its figures come from a head-only case keyed by
+``CHUNKED`` (which does not depend on checkpointing or on which block linears LoRA adapts), the
+block's from the question's own key.
+
+Where no formula is written, the pass runs (torch is imported then): cross-entropy in pieces of
+unequal length (``pieces``), explicit attention (its s x s scores are not a multiple of the
+tokens), any other block (a LayerNorm + SwiGLU block from ``--dims``), LoRA with dropout,
+litgpt's block under grouped queries, and any
+case the tool has not solved (``activation_terms.MISSING`` lists those it tried).
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ from ..decoder_config import DecoderConfig
 
 __all__ = [
     "BF16_MODULE",
+    "CHUNKED",
     "FEATURES",
     "Pass",
     "activations",
     "by_formula",
     "check_block",
+    "lora_word",
+    "pieces",
     "same_module",
 ]
 
@@ -89,7 +97,13 @@ FEATURES = (
     "h*q", "h*kv", "h*f", "V*h", "P*h", "r*h", "r*q", "r*kv", "r*f", "t*V*h", "b*q", "b*kv",
     "T", "T*h", "T*q", "T*kv", "T*f", "T*a", "T*V", "T*r", "t*T", "t*T*h", "t*T*V",
     "p*s", "p*s*h",
+    "k", "m", "C", "L", "C*V", "L*V",
 )  # fmt: skip
+#: ``k``, ``C`` and ``L``: cross-entropy in chunks (``ce_chunks``) splits the T tokens with
+#: ``Tensor.chunk`` into k pieces of C tokens, the last of L (``pieces``; k = 1 and C = L = T
+#: without chunks: the same columns as T, which the tool solves with first); ``m`` is
+#: min(k, 3), the fp32 scalars of the loss's running sum alive at once (the sum so far, the
+#: piece's part, their new sum).
 
 #: The fields in the order they are computed (held and grads first: the others may use them).
 #: A block's ``forward_over`` is read by no moment of the step (``peak``): not written, None.
@@ -104,16 +118,31 @@ FIELDS = (
 )
 
 
-def features(cfg: DecoderConfig, batch: int, seq: int, rank: int) -> tuple[int, ...]:
-    """Each of ``FEATURES`` for a shape, a batch, a sequence length and a LoRA rank (0: none)."""
+def pieces(tokens: int, chunks: int) -> tuple[int, int, int] | None:
+    """(k, C, L): ``Tensor.chunk(chunks)`` over ``tokens`` gives k pieces of C = ceil(tokens /
+    chunks), the last of L. The formulas are solved where the pieces are equal (tokens a
+    multiple of the chunks: k = chunks, C = L); otherwise None and the pass answers (a shorter
+    last piece moves the loss's peak to another piece, a moment of its own)."""
+    if tokens % chunks:
+        return None
+    return chunks, tokens // chunks, tokens // chunks
+
+
+def features(
+    cfg: DecoderConfig, batch: int, seq: int, rank: int, ce_chunks: int = 1
+) -> tuple[int, ...]:
+    """Each of ``FEATURES`` for a shape, a batch, a sequence length, a LoRA rank (0: none) and
+    the cross-entropy's chunks."""
     h, q, kv, f = cfg.d_model, cfg.q_dim, cfg.kv_heads * cfg.head_dim, cfg.ff
     a, V, P, r, T, s = cfg.n_heads, cfg.vocab, cfg.max_positions, rank, batch * seq, seq
     t, b, p = int(cfg.tied), int(cfg.bias or cfg.qkv_bias), int(cfg.max_positions > 0)
+    k, C, L = pieces(T, ce_chunks) or (0, 0, 0)
     return (
         1, h, q, kv, f, a, V, r, P, t,
         h * q, h * kv, h * f, V * h, P * h, r * h, r * q, r * kv, r * f, t * V * h, b * q, b * kv,
         T, T * h, T * q, T * kv, T * f, T * a, T * V, T * r, t * T, t * T * h, t * T * V,
         p * s, p * s * h,
+        k, min(k, 3), C, L, C * V, L * V,
     )  # fmt: skip
 
 
@@ -142,6 +171,29 @@ def evaluate(terms, less: str, feats: tuple[int, ...], known) -> int:
     return total if less == "nothing" else max(0, total - subtracted(known, less))
 
 
+def lora_word(lora) -> str:
+    """A question's last key word: "none" without LoRA, else its targets, and "+" the frozen
+    base's storage where it is not the recipe's own dtype (QLoRA: ``"attention+nf4"``)."""
+    if lora is None:
+        return "none"
+    return lora.targets if lora.base == "bf16" else f"{lora.targets}+{lora.base}"
+
+
+#: The head's key word in place of checkpointing under chunked cross-entropy (any count of
+#: chunks; ``f"{CHUNKED}-{n}"`` where a formula holds for n chunks only).
+CHUNKED = "ce-chunks"
+
+
+def _frozen_head(cfg: DecoderConfig, lora) -> str:
+    """The head's last key word under chunked cross-entropy: its pass does not depend on
+    checkpointing (it runs none) or on which block linears LoRA adapts, only on whether the head
+    is frozen and, for bitsandbytes, whether its own weight is in NF4 (an untied head:
+    Lightning replaces every ``nn.Linear``)."""
+    if lora is None:
+        return "none"
+    return "lora+bnb-nf4" if lora.base == "bnb-nf4" and not cfg.tied else "lora"
+
+
 def _case(
     cfg: DecoderConfig,
     precision: str,
@@ -150,18 +202,21 @@ def _case(
     ce_chunks: int,
     block: str = "course",
 ):
-    """The key of ``activation_terms.TERMS`` for this question, or None (no formula). litgpt's
-    block is a family of its own (``rms-swiglu-litgpt``)."""
+    """The keys of ``activation_terms.TERMS`` whose block and head figures answer this question
+    (one key, or the block's and the head's under chunked cross-entropy), or None (no formula).
+    litgpt's block is a family of its own (``rms-swiglu-litgpt``)."""
     family = {("rms", "swiglu", False): "rms-swiglu", ("layer", "gelu", True): "layer-gelu"}
     name = family.get((cfg.norm, cfg.mlp, cfg.bias))
-    if name is None or cfg.attention != "sdpa" or ce_chunks != 1:
+    if name is None or cfg.attention != "sdpa":
         return None
     if block == "litgpt":  # solved for one kv head per query head: GQA's reshapes copy
         if cfg.kv_heads != cfg.n_heads:
             return None
         name += "-litgpt"
-    if lora is not None and (lora.base != "bf16" or getattr(lora, "dropout", 0)):
-        return None  # solved for adapters on a bf16 base without dropout only
+    if name == "layer-gelu" and (cfg.kv_heads != cfg.n_heads or cfg.q_dim != cfg.d_model):
+        return None  # solved on GPT-2's shapes only: a key and a value head per query head
+    if lora is not None and getattr(lora, "dropout", 0):
+        return None  # solved for adapters without dropout only
     if precision == "fp32":
         recipe = "fp32"
     elif precision.startswith("autocast"):
@@ -171,7 +226,10 @@ def _case(
     else:
         return None
     head = "tied" if cfg.tied else "untied"
-    return (name, head, recipe, checkpointing, "none" if lora is None else lora.targets)
+    block = (name, head, recipe, checkpointing, lora_word(lora))
+    if ce_chunks == 1:
+        return block, block
+    return block, (name, head, recipe, CHUNKED, _frozen_head(cfg, lora))
 
 
 def by_formula(
@@ -187,13 +245,20 @@ def by_formula(
     """(one block, the embedding + head + loss) by formula, or None where none is written."""
     from .activation_terms import TERMS
 
-    key = _case(cfg, precision, checkpointing, lora, ce_chunks, block)
-    if key not in TERMS:
+    keys = _case(cfg, precision, checkpointing, lora, ce_chunks, block)
+    if keys is not None and ce_chunks > 1 and keys[1] not in TERMS:  # solved for this count only
+        keys = (keys[0], (*keys[1][:3], f"{CHUNKED}-{ce_chunks}", keys[1][4]))
+    if keys is None or not all(key in TERMS for key in keys):
         return None
-    feats = features(cfg, batch, seq, 0 if lora is None else lora.rank)
+    if ce_chunks > 1 and pieces(batch * seq, ce_chunks) is None:
+        return None
+    feats = features(cfg, batch, seq, 0 if lora is None else lora.rank, ce_chunks)
     parts: dict[str, dict] = {"block": {"forward_over": None}, "head": {}}
     for part, field in FIELDS:
-        terms, less = TERMS[key][f"{part}.{field}"]
+        entry = TERMS[keys[0] if part == "block" else keys[1]]
+        if f"{part}.{field}" not in entry:
+            return None
+        terms, less = entry[f"{part}.{field}"]
         parts[part][field] = evaluate(terms, less, feats, parts[part])
     return Pass(**parts["block"]), Pass(**parts["head"])
 

@@ -107,7 +107,9 @@ def table() -> Scope:
         ),
         (
             "activations",
-            f"one block on fake tensors; checkpointing {', '.join(inputs.CHECKPOINTING)}",
+            "per block and head, to the byte: formulas checked against one block on fake "
+            "tensors, or that pass itself where no formula is written; checkpointing "
+            f"{', '.join(inputs.CHECKPOINTING)}",
         ),
         ("profiles", f"{', '.join(inputs.SHARDING)} (none: one GPU, or DDP)"),
         ("knobs", _knobs()),
