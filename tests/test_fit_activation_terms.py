@@ -145,12 +145,17 @@ def _question(key: tuple) -> tuple:
     return _RECIPE_OF[recipe], ckpt, lora, chunks
 
 
-@pytest.mark.heavy
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(TERMS), ids=lambda key: "/".join(key))
 def test_every_solved_case_equals_the_pass_on_a_real_shape(key):
     """Every case in ``activation_terms.TERMS`` (not only ``CASES``), at batch 1 x 1024 tokens of
     its family's real shape: the formula's figures equal the pass's, to the byte (where the
-    case's other part has no formula, the question has none: nothing to compare)."""
+    case's other part has no formula, the question has none: nothing to compare).
+
+    293 cases, about 30 s of CPU: ``slow`` (``make test-all``, and after every run of
+    ``tools/fit_activation_terms.py``, which is the only way the table changes); ``make test``
+    holds a sample of them on real shapes (``test_the_formula_equals_the_fake_tensor_pass_on_
+    real_shapes`` and the tests below)."""
     cfg = _config(EVERY_CASE_SHAPE[key[:2]])
     precision, ckpt, lora, chunks = _question(key)
     block = "litgpt" if key[0].endswith("-litgpt") else "course"
