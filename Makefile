@@ -11,8 +11,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 NBVAL_ARGS := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-# The tests run in two workers (-n 2): each worker, and every kernel and process it starts, gets
-# half the machine's cores as OpenMP threads (1 on 2 cores), unless OMP_NUM_THREADS is set.
+# make test runs three workers (-n 3) on CI's 2 cores: workers that wait on a rank, a kernel or
+# a timeout leave a core idle, and a third fills it (strict nbval and the unit tests, one commit,
+# 2026-12-07: 251 s of wall time with -n 3, 256 s with -n 4; -n 2 took 321 s a commit before,
+# with 293 more tests). The other targets keep two. Each worker, and every kernel and process
+# it starts, gets half the machine's cores as OpenMP threads (1 on 2 cores), unless
+# OMP_NUM_THREADS is set.
 # More threads than free cores make OpenMP's threads spin-wait for each other: beside other work
 # on 2 cores, strict nbval on notebook 04 took 24 s of CPU with torch's default 2 threads per
 # kernel and 11 s with 1. make test-all and make unit (the slow tests too, among them
@@ -46,7 +50,7 @@ lab: $(STAMP)
 # those parts.
 test: $(STAMP)
 	$(MAKE) lint
-	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard or heavy" -n 2 --dist loadfile --durations=12
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks tests $(NBVAL_ARGS) -m "not slow or guard or heavy" -n 3 --dist loadfile --durations=12
 
 test-all: $(STAMP) $(DOCS_STAMP) browser-deps
 	$(MAKE) lint
