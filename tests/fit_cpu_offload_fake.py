@@ -317,33 +317,42 @@ SHAPES = ((2, 4, 256), (3, 4, 256), (3, 2, 256))
 
 
 def main() -> None:
-    profile = "--profile" in sys.argv[1:]  # the FSDP2 profile's grid, no offloading
+    """``--profile``: the FSDP2 profile's grid (``SHAPES``, every recipe, no offloading).
+    Without it: each recipe with and without offloading at ``CFG`` over ``WORLD`` ranks.
+    ``--both``: the grid, and offloading at its first shape, whose grid runs are the controls
+    (the same steps: ``step(mesh, False, recipe)`` at ``CFG`` over ``WORLD``); one child for
+    both tests (``fake_fsdp2_counts.py``)."""
+    both = "--both" in sys.argv[1:]
+    profile = both or "--profile" in sys.argv[1:]
     _setup_privateuseone_for_python_backend(ACCEL, backend_module=Accel())
     torch.nn.functional.scaled_dot_product_attention = _fused_attention
     shape = {"config": dataclasses.asdict(CFG), "batch": BATCH, "seq": SEQ, "world": WORLD}
+    grid, runs = [], {}
+    for layers, world, vocab in SHAPES if profile else ((CFG.n_layers, WORLD, CFG.vocab),):
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+        mesh = init_device_mesh(ACCEL, (world,))  # made before the fake mode: it reads ranks
+        cfg = dataclasses.replace(CFG, n_layers=layers, vocab=vocab)
+        offload_here = (layers, world, vocab) == (CFG.n_layers, WORLD, CFG.vocab) and (
+            both or not profile
+        )
+        try:
+            controls = {recipe: step(mesh, False, recipe, cfg) for recipe in RECIPES}
+            if offload_here and not runs:
+                runs = {
+                    recipe: {"control": controls[recipe], "offload": step(mesh, True, recipe)}
+                    for recipe in RECIPES
+                }
+        finally:
+            dist.destroy_process_group()
+        grid.append({**shape, "config": dataclasses.asdict(cfg), "world": world, "runs": controls})
+    out: dict = {"torch": torch.__version__}
     if profile:
-        grid = []
-        for layers, world, vocab in SHAPES:
-            dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-            mesh = init_device_mesh(ACCEL, (world,))
-            cfg = dataclasses.replace(CFG, n_layers=layers, vocab=vocab)
-            try:
-                runs = {recipe: step(mesh, False, recipe, cfg) for recipe in RECIPES}
-            finally:
-                dist.destroy_process_group()
-            grid.append({**shape, "config": dataclasses.asdict(cfg), "world": world, "runs": runs})
-        print(json.dumps({"torch": torch.__version__, "grid": grid}))
-        return
-    dist.init_process_group("fake", rank=0, world_size=WORLD, store=FakeStore())
-    mesh = init_device_mesh(ACCEL, (WORLD,))  # made before the fake mode: it reads ranks
-    try:
-        runs = {
-            recipe: {"control": step(mesh, False, recipe), "offload": step(mesh, True, recipe)}
-            for recipe in RECIPES
-        }
-    finally:
-        dist.destroy_process_group()
-    print(json.dumps({**shape, "torch": torch.__version__, "runs": runs}))
+        out["grid"] = grid
+    if runs:
+        out["offload"] = {**shape, "torch": torch.__version__, "runs": runs}
+    if not profile:
+        out = out["offload"]
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
