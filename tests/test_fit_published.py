@@ -1593,6 +1593,7 @@ def difference(row: Measured) -> float:
     return predicted(row) / row.measured - 1
 
 
+@pytest.mark.heavy  # 65 rows, 8 s of CPU in all (those with LoRA dropout run the pass)
 @pytest.mark.parametrize("row", MODELLED, ids=lambda row: row.what)
 def test_the_calculator_is_within_ten_percent_of_each_published_peak_or_names_its_miss(row):
     d = difference(row)
@@ -1614,6 +1615,7 @@ def _counts(rows):
     return len(within), len(within20), len(rows)
 
 
+@pytest.mark.heavy  # asks every published row: 8 s of CPU the first time
 def test_the_misses_are_the_rows_that_say_so():
     """The fractions the module's docstring states: 43 of 55 within 10 %, 48 within 20 %; of
     them the held-out rows 23 of 33 and 27, the earlier rows 20 of 22 and 21; 43 of the 52
@@ -1633,6 +1635,7 @@ def _fsdp1(row: Measured) -> bool:
     return row.knobs.get("sharding", "none").startswith("fsdp1")
 
 
+@pytest.mark.heavy  # asks every published row: 8 s of CPU the first time
 def test_fsdp1s_median_would_overshoot_the_other_profiles_reserved_rows(monkeypatch):
     """The module docstring's what-ifs: FSDP1's reserve (the median of the FSDP1 pairs that
     count, ``fit.reserve_pairs``) for every profile, and the assumed 5 % for FSDP1 too."""
@@ -1658,6 +1661,7 @@ def test_fsdp1s_median_would_overshoot_the_other_profiles_reserved_rows(monkeypa
     assert _counts(earlier)[:2] == (18, 19)
 
 
+@pytest.mark.heavy  # asks every published row: 8 s of CPU the first time
 def test_only_fsdp1_reserved_rows_see_fsdp1s_reserve():
     """The per-profile term moves a row only when it runs FSDP1 and compares a reserved peak:
     every other row gets the assumed 5 % (or no reserve at all, for an allocated peak)."""

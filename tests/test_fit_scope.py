@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 from test_fit_published import BEFORE_HELD_OUT_2, TOLERANCE, _not_its_recipe, difference
 
 from tutorial_utils.decoder import DecoderConfig
@@ -18,6 +19,7 @@ from tutorial_utils.fit.peak import will_it_fit
 TOY = DecoderConfig(vocab=256, d_model=32, n_layers=2, n_heads=4)
 
 
+@pytest.mark.heavy  # every published row asked: 0.3 s of CPU or more
 def test_every_moment_a_report_weighs_is_in_the_table():
     shown = repr(scope.table())
     for knobs in (
@@ -51,6 +53,7 @@ def test_the_compile_band_row_follows_the_band(monkeypatch):
     assert "peaked at 50% to 60% of the same run in eager mode" in repr(scope.table())
 
 
+@pytest.mark.heavy  # every published row asked: 0.3 s of CPU or more
 def test_the_misses_are_qlora_runs_under_and_fsdp1_runs_over():
     """The table's row "some QLoRA and FSDP1 runs": the rows tests/test_fit_published.py says
     miss are, on FSDP1, reserved peaks more than 10 % below the answer (FSDP1's reserve, the
