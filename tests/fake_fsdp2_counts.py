@@ -22,6 +22,40 @@ from tutorial_utils import processes
 
 SCRIPT = Path(__file__).with_name("fit_cpu_offload_fake.py")
 
+# The calculator's moments are the script's: the end of forward (the most held as the loss is
+# made), three windows of backward (the head's, the later blocks', the first block's and the
+# embedding's: the most held in each) and the optimizer step.
+BACKWARD = ("start of backward", "middle of backward", "end of backward")
+# The script's recipes (fit_cpu_offload_fake.RECIPES), as the calculator's knobs
+RECIPES = {
+    "one batch": {},
+    "2 micro-batches": {"grad_accumulation": 2},
+    "optimizer in backward": {"optimizer_in_backward": True},
+    "reshard_after_forward=False": {"reshard_after_forward": False},
+    "bf16 parameters": {"precision": "bf16-master", "reduce_dtype": "fp32"},
+}
+
+
+def question(shape: dict, recipe: str) -> dict:
+    """``will_it_fit``'s knobs for the script's ``recipe`` at ``shape`` (batch, seq, world)."""
+    ask = dict(
+        batch=shape["batch"],
+        seq=shape["seq"],
+        precision="fp32",
+        optimizer="adamw",  # foreach, as the script's
+        sharding="fsdp2",
+        n_gpus=shape["world"],
+        headroom=False,
+    )
+    return {**ask, **RECIPES[recipe]}
+
+
+def measured(run: dict, moment: str) -> int:
+    """The script's count for the calculator's ``moment``."""
+    if moment in BACKWARD:
+        return run["in backward"][moment]
+    return run[moment]
+
 
 def _run() -> dict:
     done = processes.run([sys.executable, str(SCRIPT), "--both"], timeout_s=900)  # a hang only

@@ -27,24 +27,13 @@ from __future__ import annotations
 
 import fake_fsdp2_counts
 import pytest
+from fake_fsdp2_counts import RECIPES, measured
 
 from tutorial_utils import fit
 from tutorial_utils.decoder_config import DecoderConfig
 from tutorial_utils.units import format_bytes
 
 SHARDED = ("Sharded Param", "Sharded Grad", "OptState")  # FSDPMemTracker's names for the states
-# The calculator's moments are the script's: the end of forward (the most held as the loss is
-# made), three windows of backward (the head's, the later blocks', the first block's and the
-# embedding's: the most held in each) and the optimizer step.
-BACKWARD = ("start of backward", "middle of backward", "end of backward")
-# The script's recipes (fit_cpu_offload_fake.RECIPES), as the calculator's knobs
-RECIPES = {
-    "one batch": {},
-    "2 micro-batches": {"grad_accumulation": 2},
-    "optimizer in backward": {"optimizer_in_backward": True},
-    "reshard_after_forward=False": {"reshard_after_forward": False},
-    "bf16 parameters": {"precision": "bf16-master", "reduce_dtype": "fp32"},
-}
 
 
 @pytest.fixture(scope="module")
@@ -55,28 +44,12 @@ def counted() -> dict:
 
 
 def _calculated(counted: dict, recipe: str) -> dict:
-    ask = dict(
-        batch=counted["batch"],
-        seq=counted["seq"],
-        precision="fp32",
-        optimizer="adamw",  # foreach, as the script's
-        sharding="fsdp2",
-        n_gpus=counted["world"],
-        headroom=False,
-    )
-    ask.update(RECIPES[recipe])
+    ask = fake_fsdp2_counts.question(counted, recipe)
     cfg = DecoderConfig(**counted["config"])
     return {
         "control": fit.will_it_fit(cfg, **ask),
         "offload": fit.will_it_fit(cfg, **ask, cpu_offload=True),
     }
-
-
-def measured(run: dict, moment: str) -> int:
-    """The script's count for the calculator's ``moment``."""
-    if moment in BACKWARD:
-        return run["in backward"][moment]
-    return run[moment]
 
 
 def _taken_off(control: dict, offload: dict, moment: str) -> int:

@@ -58,19 +58,11 @@ from __future__ import annotations
 
 import fake_fsdp2_counts
 import pytest
+from fake_fsdp2_counts import BACKWARD, RECIPES, measured
 
 from tutorial_utils import fit
 from tutorial_utils.decoder_config import DecoderConfig
 from tutorial_utils.fit.shapes import counts
-
-RECIPES = {
-    "one batch": {},
-    "2 micro-batches": {"grad_accumulation": 2},
-    "optimizer in backward": {"optimizer_in_backward": True},
-    "reshard_after_forward=False": {"reshard_after_forward": False},
-    "bf16 parameters": {"precision": "bf16-master", "reduce_dtype": "fp32"},
-}
-BACKWARD = ("start of backward", "middle of backward", "end of backward")
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +70,6 @@ def grid() -> list[dict]:
     out = fake_fsdp2_counts.counts()  # one child for this file and test_fit_cpu_offload.py
     assert len(out["grid"]) >= 3
     return out["grid"]
-
-
-def measured(run: dict, moment: str) -> int:
-    if moment in BACKWARD:
-        return run["in backward"][moment]
-    return run[moment]
 
 
 def _cases(grid):
@@ -108,16 +94,7 @@ def test_the_fsdp2_profile_holds_what_fsdp2_holds_at_every_moment(grid):
     for shape, recipe in _cases(grid):
         cfg = DecoderConfig(**shape["config"])
         run = shape["runs"][recipe]
-        ask = dict(
-            batch=shape["batch"],
-            seq=shape["seq"],
-            precision="fp32",
-            optimizer="adamw",  # foreach, as the script's
-            sharding="fsdp2",
-            n_gpus=shape["world"],
-            headroom=False,
-        )
-        calc = fit.will_it_fit(cfg, **{**ask, **RECIPES[recipe]})
+        calc = fit.will_it_fit(cfg, **fake_fsdp2_counts.question(shape, recipe))
         moments = {"end of forward", *BACKWARD, "optimizer step"}
         if "optimizer_in_backward" in RECIPES[recipe]:
             moments.remove("optimizer step")  # each parameter steps in backward
