@@ -2,9 +2,10 @@
 
     python tests/fit_cpu_offload_fake.py
 
-``tests/test_fit_cpu_offload.py`` runs it in a child process (what it registers is for the
-whole process: a device type and a process group) and compares what it prints with the
-calculator's ``cpu_offload`` term. It runs PyTorch's own code for the step; only the hardware
+``tests/fake_fsdp2_counts.py`` runs it once per test run in a child process, with ``--both``
+(what it registers is for the whole process: a device type and a process group), and
+``tests/test_fit_cpu_offload.py`` compares what it prints with the calculator's ``cpu_offload``
+term. It runs PyTorch's own code for the step; only the hardware
 is stood in for:
 
 - **The device.** A CPU-only torch has no CUDA, and a fake tensor on ``cuda`` cannot enter
